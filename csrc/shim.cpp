@@ -1,0 +1,102 @@
+// See shim.h for the contract. Kept small on purpose: one function per missing libtorch feature.
+#include "shim.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/headeronly/version.h>
+
+#include <string>
+
+namespace {
+thread_local std::string last_error;
+
+template <typename F>
+int guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown C++ exception";
+  }
+  return -1;
+}
+
+at::DeviceType device_type(int d) { return static_cast<at::DeviceType>(d); }
+}  // namespace
+
+extern "C" {
+
+const char* rt_last_error(void) { return last_error.c_str(); }
+
+int rt_autocast_set_enabled(int dev, int enabled) {
+  return guarded([&] {
+    at::autocast::set_autocast_enabled(device_type(dev), enabled != 0);
+    return 0;
+  });
+}
+
+int rt_autocast_is_enabled(int dev) {
+  return guarded([&] { return at::autocast::is_autocast_enabled(device_type(dev)) ? 1 : 0; });
+}
+
+int rt_autocast_set_dtype(int dev, int dtype) {
+  return guarded([&] {
+    at::autocast::set_autocast_dtype(device_type(dev), static_cast<at::ScalarType>(dtype));
+    return 0;
+  });
+}
+
+int rt_autocast_get_dtype(int dev) {
+  return guarded([&] { return static_cast<int>(at::autocast::get_autocast_dtype(device_type(dev))); });
+}
+
+void rt_autocast_clear_cache(void) { at::autocast::clear_cache(); }
+
+rt_tensor* rt_to_channels_last(rt_tensor* t) {
+  try {
+    return new at::Tensor(t->contiguous(at::MemoryFormat::ChannelsLast));
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return nullptr;
+  }
+}
+
+int rt_is_channels_last(rt_tensor* t) {
+  return guarded([&] { return t->is_contiguous(at::MemoryFormat::ChannelsLast) ? 1 : 0; });
+}
+
+int rt_set_data_channels_last(rt_tensor* t) {
+  return guarded([&] {
+    if (t->dim() != 4) return 0;
+    t->set_data(t->contiguous(at::MemoryFormat::ChannelsLast));
+    return 0;
+  });
+}
+
+#define RT_STR2(x) #x
+#define RT_STR(x) RT_STR2(x)
+const char* rt_torch_version(void) {
+  return RT_STR(TORCH_VERSION_MAJOR) "." RT_STR(TORCH_VERSION_MINOR) "." RT_STR(TORCH_VERSION_PATCH);
+}
+
+int64_t rt_cuda_runtime_version(void) {
+  try {
+    const auto& hooks = at::detail::getCUDAHooks();
+    return hooks.hasCUDA() ? hooks.versionCUDART() : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+int64_t rt_cudnn_version(void) {
+  try {
+    const auto& hooks = at::detail::getCUDAHooks();
+    return hooks.hasCuDNN() ? hooks.versionCuDNN() : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+}  // extern "C"

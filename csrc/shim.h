@@ -1,0 +1,39 @@
+// ringtrain's C++ shim: the few libtorch features tch 0.24 does not expose.
+// Every function catches C++ exceptions; on failure it returns non-zero (or null) and
+// rt_last_error() holds the message for the calling thread.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+namespace at { class Tensor; }
+typedef at::Tensor rt_tensor;
+extern "C" {
+#else
+typedef void rt_tensor;
+#endif
+
+const char* rt_last_error(void);
+
+// Autocast through the non-deprecated per-device API. device_type uses c10::DeviceType values
+// (0 = CPU, 1 = CUDA); dtype uses c10::ScalarType values (5 = Half, 15 = BFloat16).
+int rt_autocast_set_enabled(int device_type, int enabled);
+int rt_autocast_is_enabled(int device_type);
+int rt_autocast_set_dtype(int device_type, int dtype);
+int rt_autocast_get_dtype(int device_type);
+void rt_autocast_clear_cache(void);
+
+// channels_last (NHWC strides) for 4-d tensors.
+rt_tensor* rt_to_channels_last(rt_tensor* t);
+int rt_is_channels_last(rt_tensor* t);
+// Re-lays a parameter's storage in place (t.set_data), keeping the same tensor object so
+// optimizers and var stores that hold it see the new layout.
+int rt_set_data_channels_last(rt_tensor* t);
+
+// Versions for bug reports: libtorch "2.11.0"; CUDA runtime and cuDNN as integers (0 = absent).
+const char* rt_torch_version(void);
+int64_t rt_cuda_runtime_version(void);
+int64_t rt_cudnn_version(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,8 @@
+# Sourced by the project's scripts: points cargo (torch-sys) at the libtorch of the set-up
+# environment and exposes that environment's Python to the tests as RINGTRAIN_PYTHON.
+RINGTRAIN_CACHE="${RINGTRAIN_CACHE:-$HOME/.cache/ringtrain}"
+export RINGTRAIN_PYTHON="$RINGTRAIN_CACHE/venv/bin/python"
+export PATH="$RINGTRAIN_CACHE/venv/bin:$PATH"
+export LIBTORCH_USE_PYTORCH=1
+# Keep cargo's build outputs outside the clone too, so a fresh clone reuses the built torch-sys.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$RINGTRAIN_CACHE/target}"

@@ -1,0 +1,133 @@
+//! Atomic writes: a reader (or a crash) sees the old content or the new, never a mix.
+//! Files: write a temporary sibling, fsync it, rename over the target, fsync the directory.
+//! Directories (checkpoints): fill a temporary sibling directory, fsync everything, then swap it
+//! with the target in one `renameat2(RENAME_EXCHANGE)` and delete the old one.
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|f| f.sync_all()).with_context(|| format!("fsync {}", dir.display()))
+}
+
+fn parent(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn temp_sibling(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    parent(path).join(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_sibling(path);
+    let result = (|| -> Result<()> {
+        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
+        fsync_dir(&parent(path))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// fsyncs every file in `dir` and the directory itself.
+pub fn sync_tree(dir: &Path) -> Result<()> {
+    for e in fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_file() {
+            File::open(&p)?.sync_all()?;
+        }
+    }
+    fsync_dir(dir)
+}
+
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    let ca = CString::new(a.as_os_str().as_bytes())?;
+    let cb = CString::new(b.as_os_str().as_bytes())?;
+    // SAFETY: two valid NUL-terminated paths; AT_FDCWD resolves them like rename(2).
+    let rc = unsafe {
+        libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Creates directory `target` atomically: `fill` writes into a fresh temporary directory, which
+/// then replaces `target` (if any) in one step.
+pub fn write_dir(target: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = temp_sibling(target);
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp)?;
+    }
+    fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let result = (|| -> Result<()> {
+        fill(&tmp)?;
+        sync_tree(&tmp)?;
+        if target.exists() {
+            if let Err(e) = exchange(&tmp, target) {
+                // Filesystems without RENAME_EXCHANGE: keep the old copy until the new one is in.
+                let old = temp_sibling(&target.with_extension("old"));
+                fs::rename(target, &old).with_context(|| format!("moving aside {} ({e})", target.display()))?;
+                fs::rename(&tmp, target)?;
+                fs::remove_dir_all(&old)?;
+                return fsync_dir(&parent(target));
+            }
+            fs::remove_dir_all(&tmp)?; // now holds the previous content
+        } else {
+            fs::rename(&tmp, target)?;
+        }
+        fsync_dir(&parent(target))
+    })();
+    if result.is_err() && tmp.exists() {
+        let _ = fs::remove_dir_all(&tmp);
+    }
+    if result.is_ok() && !target.is_dir() {
+        bail!("{} was not written", target.display());
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_is_replaced_whole_and_no_temp_is_left() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.csv");
+        write_file(&p, b"one").unwrap();
+        write_file(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn directory_swap_keeps_old_content_when_fill_fails() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("last");
+        write_dir(&t, |p| Ok(fs::write(p.join("a"), b"1")?)).unwrap();
+        write_dir(&t, |p| Ok(fs::write(p.join("a"), b"2")?)).unwrap();
+        assert_eq!(fs::read(t.join("a")).unwrap(), b"2");
+        let e = write_dir(&t, |p| {
+            fs::write(p.join("a"), b"3")?;
+            bail!("disk full")
+        });
+        assert!(e.is_err());
+        assert_eq!(fs::read(t.join("a")).unwrap(), b"2");
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1, "temporary directories must be removed");
+    }
+}

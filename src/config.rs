@@ -1,0 +1,290 @@
+//! The training configuration: defaults ← TOML file (`--config`) ← command-line flags.
+//! The resolved config is saved in the run directory and in every checkpoint's state.json.
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use tch::Device;
+
+use crate::bail_user;
+use crate::model::MODEL_NAMES;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedKind {
+    /// Linear warm-up, then cosine annealing to eta_min over t_max epochs (per step).
+    Cosine,
+    /// lr * gamma^(epoch / step_size), after the warm-up.
+    Step,
+    /// Constant after the warm-up.
+    Constant,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Training images, ImageFolder layout (<dir>/<class>/<image>).
+    pub data: Option<PathBuf>,
+    /// Validation images; without it, `val_split` of the training images are held out.
+    pub val: Option<PathBuf>,
+    pub val_split: f64,
+    pub out: PathBuf,
+    pub model: String,
+    pub img_size: u32,
+    /// Evaluation: Resize(eval_resize) + CenterCrop(img_size); default img_size / 0.875.
+    pub eval_resize: Option<u32>,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub optimizer: OptimizerKind,
+    pub lr: f64,
+    pub momentum: f64,
+    pub nesterov: bool,
+    pub weight_decay: f64,
+    pub label_smoothing: f64,
+    pub sched: SchedKind,
+    pub warmup_epochs: f64,
+    pub eta_min: f64,
+    /// Cosine period in epochs; default: epochs.
+    pub t_max: Option<f64>,
+    pub step_size: usize,
+    pub gamma: f64,
+    /// Clip gradients to this global L2 norm.
+    pub clip_grad_norm: Option<f64>,
+    /// RandomResizedCrop area range.
+    pub crop_scale: Vec<f64>,
+    pub hflip: bool,
+    pub mean: Vec<f64>,
+    pub std: Vec<f64>,
+    /// Data worker threads; default: the available cores.
+    pub workers: Option<usize>,
+    /// Batches decoded ahead of the training step.
+    pub prefetch: usize,
+    pub seed: u64,
+    /// auto | cpu | cuda | cuda:N
+    pub device: String,
+    /// Print a progress line every N steps (0: only epoch summaries).
+    pub log_every: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            data: None,
+            val: None,
+            val_split: 0.1,
+            out: PathBuf::from("runs/train"),
+            model: "resnet18".into(),
+            img_size: 224,
+            eval_resize: None,
+            epochs: 30,
+            batch_size: 64,
+            optimizer: OptimizerKind::Sgd,
+            lr: 0.1,
+            momentum: 0.9,
+            nesterov: false,
+            weight_decay: 1e-4,
+            label_smoothing: 0.0,
+            sched: SchedKind::Cosine,
+            warmup_epochs: 0.0,
+            eta_min: 0.0,
+            t_max: None,
+            step_size: 30,
+            gamma: 0.1,
+            clip_grad_norm: None,
+            crop_scale: vec![0.08, 1.0],
+            hflip: true,
+            mean: crate::data::IMAGENET_MEAN.to_vec(),
+            std: crate::data::IMAGENET_STD.to_vec(),
+            workers: None,
+            prefetch: 4,
+            seed: 42,
+            device: "auto".into(),
+            log_every: 50,
+        }
+    }
+}
+
+/// Reads a TOML file into a table (unknown keys are caught when the merged table is parsed).
+pub fn read_toml(path: &Path) -> Result<toml::Table> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => bail_user!("cannot read --config {}: {e}", path.display()),
+    };
+    match text.parse::<toml::Table>() {
+        Ok(t) => Ok(t),
+        Err(e) => bail_user!("invalid TOML in --config {}: {}", path.display(), e.message()),
+    }
+}
+
+/// defaults ← file ← flags: `overrides` holds only the flags the user gave.
+pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<TrainConfig> {
+    let mut table = file.unwrap_or_default();
+    for (k, v) in overrides {
+        table.insert(k, v);
+    }
+    match TrainConfig::deserialize(toml::Value::Table(table)) {
+        Ok(c) => Ok(c),
+        Err(e) => bail_user!("invalid configuration: {}", e.to_string().trim()),
+    }
+}
+
+pub fn resolve_device(spec: &str) -> Result<Device> {
+    let cuda = tch::Cuda::device_count();
+    Ok(match spec {
+        "auto" => {
+            if cuda > 0 {
+                Device::Cuda(0)
+            } else {
+                Device::Cpu
+            }
+        }
+        "cpu" => Device::Cpu,
+        "cuda" | "gpu" => Device::Cuda(0),
+        s if s.starts_with("cuda:") => match s[5..].parse::<usize>() {
+            Ok(i) => Device::Cuda(i),
+            Err(_) => bail_user!("invalid --device '{s}' (expected auto, cpu, cuda or cuda:N)"),
+        },
+        s => bail_user!("invalid --device '{s}' (expected auto, cpu, cuda or cuda:N)"),
+    })
+    .and_then(|d| match d {
+        Device::Cuda(i) if i as i64 >= cuda => {
+            bail_user!("--device {spec}: no such CUDA device ({cuda} visible)")
+        }
+        d => Ok(d),
+    })
+}
+
+impl TrainConfig {
+    pub fn eval_resize(&self) -> u32 {
+        self.eval_resize.unwrap_or(((self.img_size as f64) / 0.875).round() as u32)
+    }
+
+    pub fn t_max(&self) -> f64 {
+        self.t_max.unwrap_or(self.epochs as f64)
+    }
+
+    pub fn mean3(&self) -> [f64; 3] {
+        [self.mean[0], self.mean[1], self.mean[2]]
+    }
+
+    pub fn std3(&self) -> [f64; 3] {
+        [self.std[0], self.std[1], self.std[2]]
+    }
+
+    /// Every check that needs no data: run before any work, each failure one line naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        let Some(data) = &self.data else { bail_user!("--data is required (a folder of <class>/<image> files)") };
+        if !data.exists() {
+            bail_user!("--data directory does not exist: {}", data.display());
+        }
+        if let Some(v) = &self.val {
+            if !v.exists() {
+                bail_user!("--val directory does not exist: {}", v.display());
+            }
+        }
+        if !MODEL_NAMES.contains(&self.model.as_str()) {
+            bail_user!("unknown --model '{}' (expected one of: {})", self.model, MODEL_NAMES.join(", "));
+        }
+        let pos = |v: f64| v.is_finite() && v > 0.0;
+        let nonneg = |v: f64| v.is_finite() && v >= 0.0;
+        if !pos(self.lr) {
+            bail_user!("--lr must be a positive number, got {}", self.lr);
+        }
+        if self.batch_size == 0 {
+            bail_user!("--batch-size must be at least 1");
+        }
+        if self.epochs == 0 {
+            bail_user!("--epochs must be at least 1");
+        }
+        let min_size = if self.model == "alexnet" { 63 } else { 8 };
+        if self.img_size < min_size || self.img_size > 4096 {
+            bail_user!("--img-size {} is out of range for {} ({min_size}..4096)", self.img_size, self.model);
+        }
+        if self.eval_resize() < self.img_size {
+            bail_user!("--eval-resize {} must be at least --img-size {}", self.eval_resize(), self.img_size);
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            bail_user!("--momentum must be in [0, 1), got {}", self.momentum);
+        }
+        if self.nesterov && self.momentum == 0.0 {
+            bail_user!("--nesterov needs --momentum > 0");
+        }
+        if !nonneg(self.weight_decay) {
+            bail_user!("--weight-decay must be >= 0, got {}", self.weight_decay);
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            bail_user!("--label-smoothing must be in [0, 1), got {}", self.label_smoothing);
+        }
+        if !nonneg(self.warmup_epochs) || self.warmup_epochs >= self.epochs as f64 {
+            bail_user!("--warmup-epochs must be >= 0 and less than --epochs, got {}", self.warmup_epochs);
+        }
+        if !nonneg(self.eta_min) || self.eta_min > self.lr {
+            bail_user!("--eta-min must be in [0, lr], got {}", self.eta_min);
+        }
+        if !pos(self.t_max()) {
+            bail_user!("--t-max must be positive, got {}", self.t_max());
+        }
+        if self.step_size == 0 || !pos(self.gamma) {
+            bail_user!("--step-size must be >= 1 and --gamma > 0");
+        }
+        if let Some(c) = self.clip_grad_norm {
+            if !pos(c) {
+                bail_user!("--clip-grad-norm must be positive, got {c}");
+            }
+        }
+        if self.crop_scale.len() != 2 || !(self.crop_scale[0] > 0.0 && self.crop_scale[0] <= self.crop_scale[1] && self.crop_scale[1] <= 1.0) {
+            bail_user!("--crop-scale must be two numbers 0 < min <= max <= 1, got {:?}", self.crop_scale);
+        }
+        if self.mean.len() != 3 || self.std.len() != 3 || !self.std.iter().all(|&s| pos(s)) {
+            bail_user!("--mean and --std need three values each, std > 0 (got {:?} and {:?})", self.mean, self.std);
+        }
+        if self.val.is_none() && !(self.val_split > 0.0 && self.val_split < 1.0) {
+            bail_user!("--val-split must be in (0, 1) when no --val is given, got {}", self.val_split);
+        }
+        if self.workers == Some(0) || self.prefetch == 0 {
+            bail_user!("--workers and --prefetch must be at least 1");
+        }
+        resolve_device(&self.device)?;
+        Ok(())
+    }
+
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string_pretty(self).context("serialising the configuration")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_override_defaults() {
+        let file: toml::Table = "lr = 0.5\nepochs = 3\nmodel = \"resnet50\"".parse().unwrap();
+        let flags: toml::Table = "lr = 0.01".parse().unwrap();
+        let c = resolve(Some(file), flags).unwrap();
+        assert_eq!((c.lr, c.epochs, c.model.as_str(), c.batch_size), (0.01, 3, "resnet50", 64));
+    }
+
+    #[test]
+    fn unknown_key_is_a_user_error() {
+        let file: toml::Table = "learning_rate = 0.5".parse().unwrap();
+        let e = resolve(Some(file), toml::Table::new()).unwrap_err();
+        assert!(crate::error::is_user_error(&e));
+        assert!(e.to_string().contains("learning_rate"), "{e}");
+    }
+
+    #[test]
+    fn resolved_config_round_trips_through_toml() {
+        let c = TrainConfig { data: Some("d".into()), clip_grad_norm: Some(1.0), ..Default::default() };
+        let back = resolve(Some(c.to_toml().unwrap().parse().unwrap()), toml::Table::new()).unwrap();
+        assert_eq!(back.to_toml().unwrap(), c.to_toml().unwrap());
+    }
+}

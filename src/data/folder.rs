@@ -1,0 +1,171 @@
+//! ImageFolder scanning with torchvision's semantics: classes are the sorted names of the
+//! sub-directories of the root, samples are the image files below each (recursively, sorted).
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use crate::bail_user;
+
+/// Extensions accepted, compared case-insensitively.
+pub const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg", "bmp", "webp"];
+
+#[derive(Debug, Clone)]
+pub struct ImageFolder {
+    pub root: PathBuf,
+    pub classes: Vec<String>,
+    /// (path, class index), ordered by class then path, as torchvision's `make_dataset`.
+    pub samples: Vec<(PathBuf, usize)>,
+}
+
+pub fn is_image_file(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(|e| IMAGE_EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
+        .unwrap_or(false)
+}
+
+fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<std::io::Result<_>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let path = e.path();
+        // Follow symlinks as torchvision does (os.walk(followlinks=True)).
+        let meta = std::fs::metadata(&path)?;
+        if meta.is_dir() {
+            walk_images(&path, out)?;
+        } else if meta.is_file() && is_image_file(&path) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+impl ImageFolder {
+    /// Scans `root`. `what` names the flag the directory came from, for error messages.
+    pub fn scan(root: &Path, what: &str) -> Result<Self> {
+        if !root.exists() {
+            bail_user!("{what} directory does not exist: {}", root.display());
+        }
+        if !root.is_dir() {
+            bail_user!("{what} is not a directory: {}", root.display());
+        }
+        let mut classes: Vec<String> = Vec::new();
+        for e in std::fs::read_dir(root)? {
+            let e = e?;
+            if std::fs::metadata(e.path())?.is_dir() {
+                let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                    bail_user!("class directory name is not UTF-8: {}", e.path().display());
+                };
+                classes.push(name);
+            }
+        }
+        // torchvision sorts with Python's str ordering = Unicode code points = UTF-8 byte order.
+        classes.sort();
+        if classes.is_empty() {
+            bail_user!(
+                "{what} has no class sub-directories (expected <dir>/<class>/<image>): {}",
+                root.display()
+            );
+        }
+        let mut samples = Vec::new();
+        for (idx, class) in classes.iter().enumerate() {
+            let mut files = Vec::new();
+            walk_images(&root.join(class), &mut files)?;
+            if files.is_empty() {
+                bail_user!(
+                    "class '{class}' has no images ({}): {}",
+                    IMAGE_EXTENSIONS.join(" "),
+                    root.join(class).display()
+                );
+            }
+            samples.extend(files.into_iter().map(|p| (p, idx)));
+        }
+        Ok(ImageFolder { root: root.to_path_buf(), classes, samples })
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Validation must use the same classes in the same order, or labels would silently mismatch.
+    pub fn check_same_classes(&self, train: &ImageFolder) -> Result<()> {
+        if self.classes != train.classes {
+            let missing: Vec<_> = train.classes.iter().filter(|c| !self.classes.contains(c)).collect();
+            let extra: Vec<_> = self.classes.iter().filter(|c| !train.classes.contains(c)).collect();
+            bail_user!(
+                "validation classes differ from training classes in {} (missing: {:?}, extra: {:?})",
+                self.root.display(),
+                missing,
+                extra
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(p: &Path) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"x").unwrap();
+    }
+
+    #[test]
+    fn classes_sorted_and_extensions_case_insensitive() {
+        let d = tempfile::tempdir().unwrap();
+        touch(&d.path().join("b/1.PNG"));
+        touch(&d.path().join("b/sub/2.jpeg"));
+        touch(&d.path().join("a/x.JpG"));
+        touch(&d.path().join("a/notes.txt"));
+        touch(&d.path().join("C/y.webp"));
+        let f = ImageFolder::scan(d.path(), "--data").unwrap();
+        assert_eq!(f.classes, vec!["C", "a", "b"]);
+        let rel: Vec<_> = f.samples.iter().map(|(p, c)| (p.strip_prefix(d.path()).unwrap().to_owned(), *c)).collect();
+        assert_eq!(
+            rel,
+            vec![
+                (PathBuf::from("C/y.webp"), 0),
+                (PathBuf::from("a/x.JpG"), 1),
+                (PathBuf::from("b/1.PNG"), 2),
+                (PathBuf::from("b/sub/2.jpeg"), 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_name_the_problem_and_path() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("nope");
+        let e = ImageFolder::scan(&missing, "--data").unwrap_err();
+        assert!(crate::error::is_user_error(&e));
+        assert!(e.to_string().contains("does not exist") && e.to_string().contains("nope"));
+
+        let e = ImageFolder::scan(d.path(), "--data").unwrap_err();
+        assert!(e.to_string().contains("no class sub-directories"), "{e}");
+
+        std::fs::create_dir(d.path().join("empty")).unwrap();
+        touch(&d.path().join("full/a.png"));
+        let e = ImageFolder::scan(d.path(), "--data").unwrap_err();
+        assert!(e.to_string().contains("class 'empty' has no images"), "{e}");
+    }
+
+    #[test]
+    fn differing_validation_classes_are_rejected() {
+        let t = tempfile::tempdir().unwrap();
+        let v = tempfile::tempdir().unwrap();
+        touch(&t.path().join("cat/a.png"));
+        touch(&t.path().join("dog/a.png"));
+        touch(&v.path().join("cat/a.png"));
+        touch(&v.path().join("cow/a.png"));
+        let tf = ImageFolder::scan(t.path(), "--data").unwrap();
+        let vf = ImageFolder::scan(v.path(), "--val").unwrap();
+        let e = vf.check_same_classes(&tf).unwrap_err().to_string();
+        assert!(e.contains("\"dog\"") && e.contains("\"cow\""), "{e}");
+    }
+}

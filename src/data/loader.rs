@@ -1,0 +1,217 @@
+//! A multi-threaded batch loader: a producer thread walks the epoch's sample order batch by
+//! batch, decodes and transforms each batch's images in parallel on a worker pool that lives as
+//! long as the loader (no per-epoch respawn), and hands uint8 NHWC batches to the training loop
+//! through a bounded queue (`prefetch` batches at most, so memory stays flat).
+//!
+//! Randomness of a sample's augmentation comes from (seed, epoch, sample index) alone, so results
+//! do not depend on the number of threads or on timing; the shuffle from (seed, epoch).
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use tch::Tensor;
+
+use super::decode::decode_rgb;
+use super::transform::Transform;
+
+/// One batch on the host: images u8 [B, H, W, 3], labels i64 [B].
+pub struct Batch {
+    pub images: Tensor,
+    pub labels: Tensor,
+}
+
+pub struct Loader {
+    samples: Arc<Vec<(PathBuf, usize)>>,
+    transform: Transform,
+    batch_size: usize,
+    shuffle: bool,
+    drop_last: bool,
+    seed: u64,
+    prefetch: usize,
+    pool: Arc<rayon::ThreadPool>,
+}
+
+/// SplitMix64 finaliser: decorrelates nearby (seed, epoch, index) triples.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+pub fn sample_rng(seed: u64, epoch: u64, index: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(mix(mix(mix(seed) ^ epoch) ^ index))
+}
+
+pub struct LoaderOptions {
+    pub batch_size: usize,
+    pub shuffle: bool,
+    pub drop_last: bool,
+    pub seed: u64,
+    pub workers: usize,
+    pub prefetch: usize,
+}
+
+impl Loader {
+    pub fn new(samples: Vec<(PathBuf, usize)>, transform: Transform, o: LoaderOptions) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(o.workers.max(1))
+            .thread_name(|i| format!("ringtrain-data-{i}"))
+            .build()
+            .context("starting data worker threads")?;
+        Ok(Loader {
+            samples: Arc::new(samples),
+            transform,
+            batch_size: o.batch_size,
+            shuffle: o.shuffle,
+            drop_last: o.drop_last,
+            seed: o.seed,
+            prefetch: o.prefetch.max(1),
+            pool: Arc::new(pool),
+        })
+    }
+
+    pub fn num_samples(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn batches_per_epoch(&self) -> usize {
+        let n = self.samples.len();
+        if self.drop_last {
+            n / self.batch_size
+        } else {
+            n.div_ceil(self.batch_size)
+        }
+    }
+
+    /// The sample order of an epoch: a seeded permutation, or the folder order.
+    pub fn order(&self, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.samples.len()).collect();
+        if self.shuffle {
+            order.shuffle(&mut sample_rng(self.seed, epoch, u64::MAX));
+        }
+        order
+    }
+
+    /// Starts producing the batches of `epoch`; iterate the result to consume them.
+    pub fn epoch(&self, epoch: u64) -> EpochIter {
+        let order = self.order(epoch);
+        let (tx, rx) = sync_channel::<Result<Batch>>(self.prefetch);
+        let (samples, transform, pool) = (self.samples.clone(), self.transform.clone(), self.pool.clone());
+        let (bs, seed, n_batches) = (self.batch_size, self.seed, self.batches_per_epoch());
+        let handle = std::thread::Builder::new()
+            .name("ringtrain-loader".into())
+            .spawn(move || {
+                for chunk in order.chunks(bs).take(n_batches) {
+                    let batch = pool.install(|| make_batch(&samples, chunk, &transform, seed, epoch));
+                    let failed = batch.is_err();
+                    // A closed receiver means the consumer stopped early: stop quietly.
+                    if tx.send(batch).is_err() || failed {
+                        return;
+                    }
+                }
+            })
+            .expect("spawning the loader thread");
+        EpochIter { rx, _handle: handle }
+    }
+}
+
+fn make_batch(
+    samples: &[(PathBuf, usize)],
+    indices: &[usize],
+    transform: &Transform,
+    seed: u64,
+    epoch: u64,
+) -> Result<Batch> {
+    let size = transform.size() as usize;
+    let per = size * size * 3;
+    let mut pixels = vec![0u8; indices.len() * per];
+    pixels.par_chunks_mut(per).zip(indices.par_iter()).try_for_each(|(out, &i)| -> Result<()> {
+        let (path, _) = &samples[i];
+        let img = decode_rgb(path)?;
+        let mut rng = sample_rng(seed, epoch, i as u64);
+        transform.apply(&img, &mut rng, out).with_context(|| format!("transforming {}", path.display()))
+    })?;
+    let labels: Vec<i64> = indices.iter().map(|&i| samples[i].1 as i64).collect();
+    let b = indices.len() as i64;
+    Ok(Batch {
+        images: Tensor::from_slice(&pixels).view([b, size as i64, size as i64, 3]),
+        labels: Tensor::from_slice(&labels),
+    })
+}
+
+pub struct EpochIter {
+    rx: Receiver<Result<Batch>>,
+    _handle: std::thread::JoinHandle<()>,
+}
+
+impl Iterator for EpochIter {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rx.recv().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder(n_per_class: usize) -> (tempfile::TempDir, Vec<(PathBuf, usize)>) {
+        let d = tempfile::tempdir().unwrap();
+        let mut samples = Vec::new();
+        for c in 0..3usize {
+            for i in 0..n_per_class {
+                let p = d.path().join(format!("{c}_{i}.png"));
+                image::RgbImage::from_fn(20 + i as u32, 16, |x, y| image::Rgb([(x * 10) as u8, (y * 10) as u8, c as u8 * 80]))
+                    .save(&p)
+                    .unwrap();
+                samples.push((p, c));
+            }
+        }
+        (d, samples)
+    }
+
+    fn collect(l: &Loader, epoch: u64) -> Vec<(Vec<u8>, Vec<i64>)> {
+        l.epoch(epoch)
+            .map(|b| {
+                let b = b.unwrap();
+                (Vec::<u8>::try_from(b.images.flatten(0, -1)).unwrap(), Vec::<i64>::try_from(&b.labels).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_do_not_depend_on_worker_count() {
+        let (_d, samples) = folder(5);
+        let t = Transform::Train { size: 8, scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0), hflip: true };
+        let opts = |workers| LoaderOptions { batch_size: 4, shuffle: true, drop_last: false, seed: 7, workers, prefetch: 2 };
+        let a = Loader::new(samples.clone(), t.clone(), opts(1)).unwrap();
+        let b = Loader::new(samples, t, opts(3)).unwrap();
+        let (ea, eb) = (collect(&a, 0), collect(&b, 0));
+        assert_eq!(ea.len(), 4); // 15 samples, batch 4, last batch kept
+        assert_eq!(ea.last().unwrap().1.len(), 3);
+        assert_eq!(ea, eb);
+        assert_ne!(ea, collect(&a, 1), "a new epoch must reshuffle and re-augment");
+    }
+
+    #[test]
+    fn drop_last_and_unshuffled_order() {
+        let (_d, samples) = folder(5);
+        let t = Transform::Eval { size: 8, resize: 9 };
+        let l = Loader::new(
+            samples,
+            t,
+            LoaderOptions { batch_size: 4, shuffle: false, drop_last: true, seed: 0, workers: 2, prefetch: 1 },
+        )
+        .unwrap();
+        let e = collect(&l, 0);
+        assert_eq!(e.len(), 3);
+        let labels: Vec<i64> = e.iter().flat_map(|b| b.1.clone()).collect();
+        assert_eq!(labels, vec![0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2]);
+    }
+}

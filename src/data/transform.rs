@@ -1,0 +1,165 @@
+//! Geometric transforms with torchvision's semantics, each done as ONE antialiased bilinear
+//! resize of a (fractional) source box straight to the output size:
+//! - train: RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(0.5)
+//! - eval:  Resize(resize_size) (shorter side) + CenterCrop(size)
+//! Output is size×size RGB8 (HWC); float conversion and Normalize happen on the device.
+use anyhow::{Context, Result};
+use fast_image_resize as fr;
+use image::RgbImage;
+use rand::Rng;
+
+#[derive(Debug, Clone)]
+pub enum Transform {
+    Train { size: u32, scale: (f64, f64), ratio: (f64, f64), hflip: bool },
+    Eval { size: u32, resize: u32 },
+}
+
+/// A source box in pixel coordinates of the decoded image (may be fractional).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CropBox {
+    pub left: f64,
+    pub top: f64,
+    pub width: f64,
+    pub height: f64,
+}
+
+/// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area and aspect ratio,
+/// then a centre crop with the ratio clamped into range.
+pub fn random_resized_crop_box(
+    w: u32,
+    h: u32,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    rng: &mut impl Rng,
+) -> CropBox {
+    let (wf, hf) = (w as f64, h as f64);
+    let area = wf * hf;
+    let (lr0, lr1) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target = area * rng.gen_range(scale.0..=scale.1);
+        let aspect = rng.gen_range(lr0..=lr1).exp();
+        let cw = (target * aspect).sqrt().round();
+        let ch = (target / aspect).sqrt().round();
+        if cw > 0.0 && cw <= wf && ch > 0.0 && ch <= hf {
+            let top = rng.gen_range(0..=(h - ch as u32)) as f64;
+            let left = rng.gen_range(0..=(w - cw as u32)) as f64;
+            return CropBox { left, top, width: cw, height: ch };
+        }
+    }
+    let in_ratio = wf / hf;
+    let (cw, ch) = if in_ratio < ratio.0 {
+        (wf, (wf / ratio.0).round())
+    } else if in_ratio > ratio.1 {
+        ((hf * ratio.1).round(), hf)
+    } else {
+        (wf, hf)
+    };
+    CropBox { left: ((wf - cw) / 2.0).trunc(), top: ((hf - ch) / 2.0).trunc(), width: cw, height: ch }
+}
+
+/// Resize(resize) then CenterCrop(size), expressed as a box in source pixels.
+pub fn resize_center_crop_box(w: u32, h: u32, resize: u32, size: u32) -> CropBox {
+    // torchvision: the shorter side becomes `resize`, the longer int(resize * long / short).
+    let (nw, nh) = if w <= h {
+        (resize as f64, (resize as f64 * h as f64 / w as f64).trunc())
+    } else {
+        ((resize as f64 * w as f64 / h as f64).trunc(), resize as f64)
+    };
+    let s = size as f64;
+    // CenterCrop: int(round((H - crop) / 2)); a crop larger than the image pads in torchvision,
+    // here it clamps to the image (only reachable with resize < size).
+    let top = ((nh - s) / 2.0).round().max(0.0);
+    let left = ((nw - s) / 2.0).round().max(0.0);
+    let (sx, sy) = (w as f64 / nw, h as f64 / nh);
+    CropBox { left: left * sx, top: top * sy, width: s.min(nw) * sx, height: s.min(nh) * sy }
+}
+
+/// Antialiased bilinear resize of `bx` in `img` to size×size, written into `out` (HWC RGB8).
+pub fn resize_box_into(img: &RgbImage, bx: CropBox, size: u32, out: &mut [u8]) -> Result<()> {
+    let src = fr::images::ImageRef::new(img.width(), img.height(), img.as_raw(), fr::PixelType::U8x3)
+        .context("source image")?;
+    let mut dst = fr::images::Image::from_slice_u8(size, size, out, fr::PixelType::U8x3).context("destination")?;
+    let opts = fr::ResizeOptions::new()
+        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
+        .crop(bx.left, bx.top, bx.width, bx.height);
+    fr::Resizer::new().resize(&src, &mut dst, &opts).context("resize")?;
+    Ok(())
+}
+
+fn flip_horizontal(buf: &mut [u8], size: usize) {
+    for row in buf.chunks_exact_mut(size * 3) {
+        for x in 0..size / 2 {
+            for c in 0..3 {
+                row.swap(x * 3 + c, (size - 1 - x) * 3 + c);
+            }
+        }
+    }
+}
+
+impl Transform {
+    pub fn size(&self) -> u32 {
+        match self {
+            Transform::Train { size, .. } | Transform::Eval { size, .. } => *size,
+        }
+    }
+
+    /// Applies the transform into `out` (size*size*3 bytes), drawing randomness from `rng`.
+    pub fn apply(&self, img: &RgbImage, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
+        let (w, h) = img.dimensions();
+        match *self {
+            Transform::Train { size, scale, ratio, hflip } => {
+                let bx = random_resized_crop_box(w, h, scale, ratio, rng);
+                resize_box_into(img, bx, size, out)?;
+                if hflip && rng.gen_bool(0.5) {
+                    flip_horizontal(out, size as usize);
+                }
+            }
+            Transform::Eval { size, resize } => {
+                resize_box_into(img, resize_center_crop_box(w, h, resize, size), size, out)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn random_crop_boxes_stay_inside_and_respect_scale() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        for _ in 0..2000 {
+            let b = random_resized_crop_box(150, 100, (0.08, 1.0), (0.75, 4.0 / 3.0), &mut rng);
+            assert!(b.left >= 0.0 && b.top >= 0.0);
+            assert!(b.left + b.width <= 150.0 && b.top + b.height <= 100.0);
+            assert!(b.width * b.height >= 0.05 * 15000.0);
+        }
+    }
+
+    #[test]
+    fn center_crop_box_matches_torchvision_arithmetic() {
+        // 150x100 -> Resize(146) -> 219x146 -> CenterCrop(128): top 9, left 46 (in resized px).
+        let b = resize_center_crop_box(150, 100, 146, 128);
+        let s = 100.0 / 146.0;
+        assert!((b.top - 9.0 * s).abs() < 1e-9 && (b.height - 128.0 * s).abs() < 1e-9);
+        assert!((b.left - 46.0 * 150.0 / 219.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn flip_mirrors_rows() {
+        let mut buf: Vec<u8> = (0..2 * 2 * 3).map(|x| x as u8).collect();
+        flip_horizontal(&mut buf, 2);
+        assert_eq!(buf, vec![3, 4, 5, 0, 1, 2, 9, 10, 11, 6, 7, 8]);
+    }
+
+    #[test]
+    fn eval_transform_of_constant_image_is_constant() {
+        let img = RgbImage::from_pixel(90, 60, image::Rgb([9, 200, 31]));
+        let mut out = vec![0u8; 32 * 32 * 3];
+        let t = Transform::Eval { size: 32, resize: 36 };
+        t.apply(&img, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0), &mut out).unwrap();
+        assert!(out.chunks(3).all(|p| p == [9, 200, 31]));
+    }
+}

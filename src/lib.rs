@@ -1,0 +1,14 @@
+//! ringtrain: image-classification training on libtorch, from one command.
+//!
+//! The path of a batch: `data` (folders → decode → augment → uint8 batches) → `model` →
+//! `train` (loop, optimizer, schedule, checkpoints) → `report` (metrics, classification report);
+//! `cli` ties them to the command line. `shim` is the safe face of the C++ shim in `csrc/`.
+pub mod atomic;
+pub mod cli;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod model;
+pub mod report;
+pub mod shim;
+pub mod train;

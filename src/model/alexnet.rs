@@ -1,0 +1,36 @@
+//! AlexNet as torchvision defines it (`features.N`, `classifier.N` names, default init).
+use tch::nn;
+
+pub fn alexnet(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
+    let f = p / "features";
+    let conv = |i: usize, cin, cout, k, stride, padding| {
+        nn::conv2d(&f / i, cin, cout, k, nn::ConvConfig { stride, padding, ..Default::default() })
+    };
+    let pool = |x: &tch::Tensor| x.max_pool2d([3, 3], [2, 2], [0, 0], [1, 1], false);
+    let features = nn::seq_t()
+        .add(conv(0, 3, 64, 11, 4, 2))
+        .add_fn(|x| x.relu())
+        .add_fn(pool)
+        .add(conv(3, 64, 192, 5, 1, 2))
+        .add_fn(|x| x.relu())
+        .add_fn(pool)
+        .add(conv(6, 192, 384, 3, 1, 1))
+        .add_fn(|x| x.relu())
+        .add(conv(8, 384, 256, 3, 1, 1))
+        .add_fn(|x| x.relu())
+        .add(conv(10, 256, 256, 3, 1, 1))
+        .add_fn(|x| x.relu())
+        .add_fn(pool);
+    let c = p / "classifier";
+    let classifier = nn::seq_t()
+        .add_fn_t(|x, train| x.dropout(0.5, train))
+        .add(nn::linear(&c / 1, 256 * 6 * 6, 4096, Default::default()))
+        .add_fn(|x| x.relu())
+        .add_fn_t(|x, train| x.dropout(0.5, train))
+        .add(nn::linear(&c / 4, 4096, 4096, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(&c / 6, 4096, num_classes, Default::default()));
+    nn::func_t(move |x, train| {
+        x.apply_t(&features, train).adaptive_avg_pool2d([6, 6]).flatten(1, -1).apply_t(&classifier, train)
+    })
+}

@@ -1,0 +1,161 @@
+//! Models by name, with torchvision's parameter and buffer names, and their state_dict as
+//! safetensors (so PyTorch can `load_state_dict` ours and we can load theirs).
+pub mod alexnet;
+pub mod resnet;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use tch::nn::{self, ModuleT};
+use tch::{Device, Kind, Tensor};
+
+use resnet::{Block, ResNetSpec};
+
+/// Names accepted by `--model`.
+pub const MODEL_NAMES: &[&str] =
+    &["resnet18", "resnet34", "resnet50", "resnet101", "alexnet", "resnet18-cifar", "resnet10-tiny"];
+
+fn spec(name: &str) -> Option<ResNetSpec> {
+    let imagenet = [64, 128, 256, 512];
+    let (block, layers, widths, cifar_stem) = match name {
+        "resnet18" => (Block::Basic, [2, 2, 2, 2], imagenet, false),
+        "resnet34" => (Block::Basic, [3, 4, 6, 3], imagenet, false),
+        "resnet50" => (Block::Bottleneck, [3, 4, 6, 3], imagenet, false),
+        "resnet101" => (Block::Bottleneck, [3, 4, 23, 3], imagenet, false),
+        "resnet18-cifar" => (Block::Basic, [2, 2, 2, 2], imagenet, true),
+        // The demo's model: one basic block per stage, narrow, CIFAR stem; fast on a CPU.
+        "resnet10-tiny" => (Block::Basic, [1, 1, 1, 1], [16, 32, 64, 128], true),
+        _ => return None,
+    };
+    Some(ResNetSpec { block, layers, widths, cifar_stem })
+}
+
+pub struct Model {
+    pub name: String,
+    pub vs: nn::VarStore,
+    net: nn::FuncT<'static>,
+    /// Training forward passes so far: torchvision's BN `num_batches_tracked`, kept for interop.
+    pub bn_batches: i64,
+}
+
+impl Model {
+    /// Builds `name` for `num_classes` on `device`, initialised from tch's global RNG
+    /// (seed it with `tch::manual_seed` for reproducible weights).
+    pub fn new(name: &str, num_classes: i64, device: Device) -> Result<Self> {
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let net = match name {
+            "alexnet" => alexnet::alexnet(&root, num_classes),
+            _ => match spec(name) {
+                Some(s) => resnet::resnet(&root, &s, num_classes),
+                None => bail!("unknown model '{name}' (expected one of: {})", MODEL_NAMES.join(", ")),
+            },
+        };
+        Ok(Model { name: name.to_string(), vs, net, bn_batches: 0 })
+    }
+
+    pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        self.net.forward_t(x, train)
+    }
+
+    pub fn num_parameters(&self) -> i64 {
+        self.vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
+    }
+
+    /// The state_dict as torchvision names it, on the CPU, contiguous, including
+    /// `num_batches_tracked` for every BatchNorm.
+    pub fn state_dict(&self) -> BTreeMap<String, Tensor> {
+        let mut out = BTreeMap::new();
+        for (name, t) in self.vs.variables() {
+            if let Some(prefix) = name.strip_suffix(".running_mean") {
+                out.insert(format!("{prefix}.num_batches_tracked"), Tensor::from(self.bn_batches));
+            }
+            out.insert(name, t.detach().to_device(Device::Cpu).contiguous());
+        }
+        out
+    }
+
+    pub fn save_safetensors(&self, path: &Path) -> Result<()> {
+        let sd = self.state_dict();
+        let named: Vec<(&str, &Tensor)> = sd.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        Tensor::write_safetensors(&named, path).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Loads a torchvision-named state_dict from a safetensors file. Every parameter and buffer
+    /// must be present with the same shape; unknown names are an error.
+    pub fn load_safetensors(&mut self, path: &Path) -> Result<()> {
+        let file: HashMap<String, Tensor> = Tensor::read_safetensors(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .into_iter()
+            .collect();
+        let vars = self.vs.variables();
+        let mut missing: Vec<&String> = vars.keys().filter(|k| !file.contains_key(*k)).collect();
+        missing.sort();
+        let mut unexpected: Vec<&String> =
+            file.keys().filter(|k| !vars.contains_key(*k) && !k.ends_with(".num_batches_tracked")).collect();
+        unexpected.sort();
+        if !missing.is_empty() || !unexpected.is_empty() {
+            bail!(
+                "{} does not match model {}: missing keys {:?}, unexpected keys {:?}",
+                path.display(),
+                self.name,
+                missing,
+                unexpected
+            );
+        }
+        tch::no_grad(|| -> Result<()> {
+            for (name, var) in &vars {
+                let src = &file[name];
+                if src.size() != var.size() {
+                    bail!("{}: {name} has shape {:?}, model {} expects {:?}", path.display(), src.size(), self.name, var.size());
+                }
+                var.shallow_clone().copy_(&src.to_kind(var.kind()));
+            }
+            Ok(())
+        })?;
+        if let Some((_, t)) = file.iter().find(|(k, _)| k.ends_with(".num_batches_tracked")) {
+            self.bn_batches = t.to_kind(Kind::Int64).int64_value(&[]);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_match_torchvision() {
+        // torchvision: sum(p.numel() for p in resnetX(num_classes=1000).parameters())
+        for (name, n) in [("resnet18", 11_689_512), ("resnet50", 25_557_032), ("alexnet", 61_100_840)] {
+            assert_eq!(Model::new(name, 1000, Device::Cpu).unwrap().num_parameters(), n, "{name}");
+        }
+    }
+
+    #[test]
+    fn state_dict_round_trips_through_safetensors() {
+        let d = tempfile::tempdir().unwrap();
+        tch::manual_seed(0);
+        let mut a = Model::new("resnet10-tiny", 5, Device::Cpu).unwrap();
+        a.bn_batches = 17;
+        let p = d.path().join("m.safetensors");
+        a.save_safetensors(&p).unwrap();
+        tch::manual_seed(1);
+        let mut b = Model::new("resnet10-tiny", 5, Device::Cpu).unwrap();
+        b.load_safetensors(&p).unwrap();
+        assert_eq!(b.bn_batches, 17);
+        let x = Tensor::randn([2, 3, 32, 32], (Kind::Float, Device::Cpu));
+        assert!(a.forward(&x, false).allclose(&b.forward(&x, false), 1e-6, 1e-6, false));
+        assert!(a.state_dict().contains_key("layer1.0.bn1.num_batches_tracked"));
+    }
+
+    #[test]
+    fn wrong_head_size_is_rejected() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.safetensors");
+        Model::new("resnet10-tiny", 5, Device::Cpu).unwrap().save_safetensors(&p).unwrap();
+        let e = Model::new("resnet10-tiny", 3, Device::Cpu).unwrap().load_safetensors(&p).unwrap_err();
+        assert!(e.to_string().contains("fc.weight has shape [5, 128]"), "{e}");
+    }
+}

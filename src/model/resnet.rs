@@ -1,0 +1,131 @@
+//! ResNet as torchvision defines it (v1.5: stride on the 3×3 conv of a bottleneck), with the same
+//! parameter names (`conv1.weight`, `layer1.0.bn1.running_mean`, `fc.bias`, ...) and the same
+//! initialisation (Kaiming normal, fan-out, for convs; BN weight 1, bias 0).
+use tch::nn::{self, ModuleT};
+use tch::Tensor;
+
+#[derive(Debug, Clone, Copy)]
+pub enum Block {
+    Basic,
+    Bottleneck,
+}
+
+#[derive(Debug, Clone)]
+pub struct ResNetSpec {
+    pub block: Block,
+    pub layers: [usize; 4],
+    pub widths: [i64; 4],
+    /// 3×3 stride-1 stem without max-pool (for 32×32 inputs) instead of 7×7 stride 2 + max-pool.
+    pub cifar_stem: bool,
+}
+
+impl Block {
+    fn expansion(self) -> i64 {
+        match self {
+            Block::Basic => 1,
+            Block::Bottleneck => 4,
+        }
+    }
+}
+
+fn conv(p: nn::Path, cin: i64, cout: i64, k: i64, stride: i64, padding: i64) -> nn::Conv2D {
+    let cfg = nn::ConvConfig {
+        stride,
+        padding,
+        bias: false,
+        ws_init: nn::Init::Kaiming {
+            dist: nn::init::NormalOrUniform::Normal,
+            fan: nn::init::FanInOut::FanOut,
+            non_linearity: nn::init::NonLinearity::ReLU,
+        },
+        ..Default::default()
+    };
+    nn::conv2d(p, cin, cout, k, cfg)
+}
+
+fn bn(p: nn::Path, c: i64) -> nn::BatchNorm {
+    nn::batch_norm2d(p, c, Default::default())
+}
+
+fn downsample(p: nn::Path, cin: i64, cout: i64, stride: i64) -> Option<nn::SequentialT> {
+    (stride != 1 || cin != cout).then(|| nn::seq_t().add(conv(&p / "0", cin, cout, 1, stride, 0)).add(bn(&p / "1", cout)))
+}
+
+fn shortcut(ds: &Option<nn::SequentialT>, x: &Tensor, train: bool) -> Tensor {
+    match ds {
+        Some(ds) => x.apply_t(ds, train),
+        None => x.shallow_clone(),
+    }
+}
+
+fn basic_block(p: nn::Path, cin: i64, planes: i64, stride: i64) -> impl ModuleT {
+    let c1 = conv(&p / "conv1", cin, planes, 3, stride, 1);
+    let b1 = bn(&p / "bn1", planes);
+    let c2 = conv(&p / "conv2", planes, planes, 3, 1, 1);
+    let b2 = bn(&p / "bn2", planes);
+    let ds = downsample(&p / "downsample", cin, planes, stride);
+    nn::func_t(move |x, train| {
+        let y = x.apply(&c1).apply_t(&b1, train).relu().apply(&c2).apply_t(&b2, train);
+        (y + shortcut(&ds, x, train)).relu()
+    })
+}
+
+fn bottleneck(p: nn::Path, cin: i64, planes: i64, stride: i64) -> impl ModuleT {
+    let out = planes * 4;
+    let c1 = conv(&p / "conv1", cin, planes, 1, 1, 0);
+    let b1 = bn(&p / "bn1", planes);
+    let c2 = conv(&p / "conv2", planes, planes, 3, stride, 1);
+    let b2 = bn(&p / "bn2", planes);
+    let c3 = conv(&p / "conv3", planes, out, 1, 1, 0);
+    let b3 = bn(&p / "bn3", out);
+    let ds = downsample(&p / "downsample", cin, out, stride);
+    nn::func_t(move |x, train| {
+        let y = x
+            .apply(&c1)
+            .apply_t(&b1, train)
+            .relu()
+            .apply(&c2)
+            .apply_t(&b2, train)
+            .relu()
+            .apply(&c3)
+            .apply_t(&b3, train);
+        (y + shortcut(&ds, x, train)).relu()
+    })
+}
+
+pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> nn::FuncT<'static> {
+    let w = spec.widths;
+    let (c1, mut layers_seq) = if spec.cifar_stem {
+        (conv(p / "conv1", 3, w[0], 3, 1, 1), Vec::new())
+    } else {
+        (conv(p / "conv1", 3, w[0], 7, 2, 3), Vec::new())
+    };
+    let b1 = bn(p / "bn1", w[0]);
+    let mut cin = w[0];
+    for (li, (&n, &planes)) in spec.layers.iter().zip(w.iter()).enumerate() {
+        let lp = p / format!("layer{}", li + 1);
+        let mut seq = nn::seq_t();
+        for bi in 0..n {
+            let stride = if bi == 0 && li > 0 { 2 } else { 1 };
+            let bp = &lp / bi;
+            seq = match spec.block {
+                Block::Basic => seq.add(basic_block(bp, cin, planes, stride)),
+                Block::Bottleneck => seq.add(bottleneck(bp, cin, planes, stride)),
+            };
+            cin = planes * spec.block.expansion();
+        }
+        layers_seq.push(seq);
+    }
+    let fc = nn::linear(p / "fc", cin, num_classes, Default::default());
+    let cifar = spec.cifar_stem;
+    nn::func_t(move |x, train| {
+        let mut y = x.apply(&c1).apply_t(&b1, train).relu();
+        if !cifar {
+            y = y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
+        }
+        for l in &layers_seq {
+            y = y.apply_t(l, train);
+        }
+        y.adaptive_avg_pool2d([1, 1]).flatten(1, -1).apply(&fc)
+    })
+}

@@ -1,0 +1,33 @@
+//! The per-epoch metrics table (metrics.csv in the run directory), rewritten atomically.
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::atomic;
+
+#[derive(Debug, Clone)]
+pub struct EpochRow {
+    pub epoch: usize,
+    pub train_loss: f64,
+    pub train_top1: f64,
+    pub val_loss: f64,
+    pub val_top1: f64,
+    pub val_top5: f64,
+    pub lr: f64,
+    pub seconds: f64,
+    pub images_per_s: f64,
+}
+
+pub const HEADER: &str = "epoch,train_loss,train_top1,val_loss,val_top1,val_top5,lr,seconds,images_per_s";
+
+pub fn write(path: &Path, rows: &[EpochRow]) -> Result<()> {
+    let mut s = String::from(HEADER);
+    s.push('\n');
+    for r in rows {
+        s += &format!(
+            "{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.8},{:.3},{:.1}\n",
+            r.epoch, r.train_loss, r.train_top1, r.val_loss, r.val_top1, r.val_top5, r.lr, r.seconds, r.images_per_s
+        );
+    }
+    atomic::write_file(path, s.as_bytes())
+}

@@ -1,0 +1,181 @@
+//! Safe Rust API over the C++ shim in `csrc/` (libtorch features tch 0.24 lacks).
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+
+use anyhow::{bail, Result};
+use tch::{Device, Kind, Tensor};
+
+mod ffi {
+    use super::*;
+    extern "C" {
+        pub fn rt_last_error() -> *const c_char;
+        pub fn rt_autocast_set_enabled(device_type: c_int, enabled: c_int) -> c_int;
+        pub fn rt_autocast_is_enabled(device_type: c_int) -> c_int;
+        pub fn rt_autocast_set_dtype(device_type: c_int, dtype: c_int) -> c_int;
+        pub fn rt_autocast_get_dtype(device_type: c_int) -> c_int;
+        pub fn rt_autocast_clear_cache();
+        pub fn rt_to_channels_last(t: *mut torch_sys::C_tensor) -> *mut torch_sys::C_tensor;
+        pub fn rt_is_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
+        pub fn rt_set_data_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
+        pub fn rt_torch_version() -> *const c_char;
+        pub fn rt_cuda_runtime_version() -> i64;
+        pub fn rt_cudnn_version() -> i64;
+    }
+}
+
+fn last_error() -> String {
+    // SAFETY: the shim returns a pointer to a thread-local NUL-terminated string.
+    unsafe { CStr::from_ptr(ffi::rt_last_error()) }.to_string_lossy().into_owned()
+}
+
+fn check(rc: c_int) -> Result<c_int> {
+    if rc < 0 {
+        bail!("libtorch: {}", last_error())
+    }
+    Ok(rc)
+}
+
+// c10::DeviceType and c10::ScalarType values, stable across libtorch releases.
+fn device_type(device: Device) -> c_int {
+    match device {
+        Device::Cpu => 0,
+        Device::Cuda(_) => 1,
+        Device::Mps => 13,
+        Device::Vulkan => 10,
+    }
+}
+
+fn scalar_type(kind: Kind) -> Result<c_int> {
+    Ok(match kind {
+        Kind::Half => 5,
+        Kind::Float => 6,
+        Kind::BFloat16 => 15,
+        other => bail!("autocast does not support {other:?}"),
+    })
+}
+
+/// Autocast state for one device type, through libtorch's non-deprecated per-device API.
+/// Enabling returns a guard that restores the previous state and clears the cast cache on drop,
+/// as `torch.autocast` does when its context exits.
+pub struct AutocastGuard {
+    device: c_int,
+    was_enabled: bool,
+}
+
+pub fn autocast(device: Device, kind: Kind) -> Result<AutocastGuard> {
+    let dev = device_type(device);
+    let was_enabled = check(unsafe { ffi::rt_autocast_is_enabled(dev) })? == 1;
+    check(unsafe { ffi::rt_autocast_set_dtype(dev, scalar_type(kind)?) })?;
+    check(unsafe { ffi::rt_autocast_set_enabled(dev, 1) })?;
+    Ok(AutocastGuard { device: dev, was_enabled })
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        unsafe {
+            ffi::rt_autocast_set_enabled(self.device, self.was_enabled as c_int);
+            if !self.was_enabled {
+                ffi::rt_autocast_clear_cache();
+            }
+        }
+    }
+}
+
+pub fn autocast_enabled(device: Device) -> bool {
+    unsafe { ffi::rt_autocast_is_enabled(device_type(device)) == 1 }
+}
+
+pub fn autocast_dtype(device: Device) -> Result<Kind> {
+    Ok(match check(unsafe { ffi::rt_autocast_get_dtype(device_type(device)) })? {
+        5 => Kind::Half,
+        6 => Kind::Float,
+        15 => Kind::BFloat16,
+        other => bail!("unexpected autocast dtype {other}"),
+    })
+}
+
+/// A copy of a 4-d tensor with channels_last (NHWC) strides; same shape and values.
+pub fn to_channels_last(t: &Tensor) -> Result<Tensor> {
+    let ptr = unsafe { ffi::rt_to_channels_last(t.as_ptr() as *mut torch_sys::C_tensor) };
+    if ptr.is_null() {
+        bail!("libtorch: {}", last_error());
+    }
+    // SAFETY: the shim returns a freshly allocated at::Tensor*, which tch takes ownership of.
+    Ok(unsafe { Tensor::from_ptr(ptr) })
+}
+
+pub fn is_channels_last(t: &Tensor) -> bool {
+    unsafe { ffi::rt_is_channels_last(t.as_ptr() as *mut torch_sys::C_tensor) == 1 }
+}
+
+/// Converts every 4-d variable of a var store (conv weights) to channels_last in place.
+pub fn var_store_to_channels_last(vs: &tch::nn::VarStore) -> Result<()> {
+    for (_, t) in vs.variables() {
+        check(unsafe { ffi::rt_set_data_channels_last(t.as_ptr() as *mut torch_sys::C_tensor) })?;
+    }
+    Ok(())
+}
+
+pub fn torch_version() -> String {
+    unsafe { CStr::from_ptr(ffi::rt_torch_version()) }.to_string_lossy().into_owned()
+}
+
+/// CUDA runtime version as "13.0", or None without CUDA.
+pub fn cuda_version() -> Option<String> {
+    let v = unsafe { ffi::rt_cuda_runtime_version() };
+    (v > 0).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+}
+
+/// cuDNN version as "9.19.0", or None without cuDNN.
+pub fn cudnn_version() -> Option<String> {
+    let v = unsafe { ffi::rt_cudnn_version() };
+    // cuDNN >= 9 encodes major*10000 + minor*100 + patch.
+    (v > 0).then(|| format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn autocast_guard_sets_and_restores_cpu_state() {
+        assert!(!autocast_enabled(Device::Cpu));
+        {
+            let _g = autocast(Device::Cpu, Kind::BFloat16).unwrap();
+            assert!(autocast_enabled(Device::Cpu));
+            assert_eq!(autocast_dtype(Device::Cpu).unwrap(), Kind::BFloat16);
+            // A matmul under CPU autocast runs in bf16: the observable effect, not just the flag.
+            let a = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
+            assert_eq!(a.matmul(&a).kind(), Kind::BFloat16);
+        }
+        assert!(!autocast_enabled(Device::Cpu));
+        let a = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
+        assert_eq!(a.matmul(&a).kind(), Kind::Float);
+    }
+
+    #[test]
+    fn channels_last_changes_strides_not_values() {
+        let t = Tensor::arange(2 * 3 * 4 * 5, (Kind::Float, Device::Cpu)).view([2, 3, 4, 5]);
+        assert!(!is_channels_last(&t));
+        let c = to_channels_last(&t).unwrap();
+        assert!(is_channels_last(&c));
+        assert_eq!(c.stride(), vec![60, 1, 15, 3]);
+        assert!(c.equal(&t));
+    }
+
+    #[test]
+    fn var_store_conversion_keeps_parameters_trainable() {
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let conv = tch::nn::conv2d(vs.root() / "c", 3, 8, 3, Default::default());
+        let before = conv.ws.copy();
+        var_store_to_channels_last(&vs).unwrap();
+        assert!(is_channels_last(&conv.ws));
+        assert!(conv.ws.requires_grad());
+        assert!(conv.ws.equal(&before));
+    }
+
+    #[test]
+    fn versions_are_reported() {
+        assert!(torch_version().starts_with("2.11"), "{}", torch_version());
+    }
+}

@@ -1,0 +1,271 @@
+//! The training run, top to bottom: data → model → optimizer → epochs of (train, validate,
+//! checkpoint, metrics) → the best epoch's classification report.
+pub mod checkpoint;
+pub mod eval;
+pub mod optim;
+pub mod schedule;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use rand::seq::SliceRandom;
+use tch::{Kind, Reduction, Tensor};
+
+use crate::atomic;
+use crate::config::{resolve_device, TrainConfig};
+use crate::data::folder::ImageFolder;
+use crate::data::loader::{sample_rng, Loader, LoaderOptions};
+use crate::data::normalize_on_device;
+use crate::data::transform::Transform;
+use crate::model::Model;
+use crate::report::classification::ClassificationReport;
+use crate::report::metrics_csv::{self, EpochRow};
+use checkpoint::CheckpointState;
+
+pub struct RunSummary {
+    pub run_dir: PathBuf,
+    pub epochs: Vec<EpochRow>,
+    pub best_epoch: usize,
+    pub best_val_top1: f64,
+    /// The classification report of the best epoch's validation.
+    pub report: ClassificationReport,
+}
+
+type Samples = Vec<(PathBuf, usize)>;
+
+/// Without --val: hold out `fraction` of every class (at least one image when the class has
+/// two or more), chosen by the seed, so the split is stratified and reproducible.
+fn split_stratified(folder: &ImageFolder, fraction: f64, seed: u64) -> (Samples, Samples) {
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for c in 0..folder.classes.len() {
+        let mut items: Vec<_> = folder.samples.iter().filter(|(_, k)| *k == c).cloned().collect();
+        items.shuffle(&mut sample_rng(seed, u64::MAX - 1, c as u64));
+        let n_val = if items.len() >= 2 { ((items.len() as f64 * fraction).round() as usize).clamp(1, items.len() - 1) } else { 0 };
+        val.extend(items.drain(..n_val));
+        train.extend(items);
+    }
+    (train, val)
+}
+
+fn fmt_duration(s: f64) -> String {
+    let s = s.round() as u64;
+    match (s / 3600, (s % 3600) / 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
+    }
+}
+
+pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
+    cfg.validate()?;
+    let device = resolve_device(&cfg.device)?;
+    if device.is_cuda() {
+        tch::Cuda::cudnn_set_benchmark(true);
+    }
+    tch::manual_seed(cfg.seed as i64);
+
+    // ---- data
+    let data_dir = cfg.data.as_ref().expect("validated");
+    let train_folder = ImageFolder::scan(data_dir, "--data")?;
+    let classes = train_folder.classes.clone();
+    let (train_samples, val_samples) = match &cfg.val {
+        Some(v) => {
+            let val_folder = ImageFolder::scan(v, "--val")?;
+            val_folder.check_same_classes(&train_folder)?;
+            (train_folder.samples.clone(), val_folder.samples)
+        }
+        None => split_stratified(&train_folder, cfg.val_split, cfg.seed),
+    };
+    let workers = cfg.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+    let n_train = train_samples.len();
+    let train_loader = Loader::new(
+        train_samples,
+        Transform::Train {
+            size: cfg.img_size,
+            scale: (cfg.crop_scale[0], cfg.crop_scale[1]),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            hflip: cfg.hflip,
+        },
+        // A last batch of one image would break BatchNorm's training statistics: drop only that.
+        LoaderOptions {
+            batch_size: cfg.batch_size,
+            shuffle: true,
+            drop_last: n_train % cfg.batch_size == 1,
+            seed: cfg.seed,
+            workers,
+            prefetch: cfg.prefetch,
+        },
+    )?;
+    let val_loader = Loader::new(
+        val_samples,
+        Transform::Eval { size: cfg.img_size, resize: cfg.eval_resize() },
+        LoaderOptions { batch_size: cfg.batch_size, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch },
+    )?;
+
+    // ---- run directory
+    let run_dir = cfg.out.clone();
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating --out {}", run_dir.display()))?;
+    atomic::write_file(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+
+    // ---- model, optimizer, schedule
+    let mut model = Model::new(&cfg.model, classes.len() as i64, device)?;
+    let mut opt = optim::build(cfg, &model.vs)?;
+    let params = model.vs.trainable_variables();
+    let steps_per_epoch = train_loader.batches_per_epoch();
+    let sched = schedule::LrSchedule::new(cfg, steps_per_epoch);
+    let (mean, std) = (cfg.mean3(), cfg.std3());
+    println!(
+        "ringtrain: {} ({:.1}M parameters) on {:?}, {} classes, {} train / {} val images, {} steps per epoch, {} data workers",
+        cfg.model,
+        model.num_parameters() as f64 / 1e6,
+        device,
+        classes.len(),
+        n_train,
+        val_loader.num_samples(),
+        steps_per_epoch,
+        workers
+    );
+
+    let mut rows: Vec<EpochRow> = Vec::new();
+    let mut best: Option<(usize, f64, ClassificationReport)> = None;
+    let mut global_step = 0usize;
+    let run_start = Instant::now();
+    for epoch in 0..cfg.epochs {
+        // ---- train one epoch
+        let t0 = Instant::now();
+        let mut loss_sum = Tensor::zeros([], (Kind::Float, device));
+        let mut correct = Tensor::zeros([], (Kind::Int64, device));
+        let mut seen = 0usize;
+        let mut lr = sched.lr_at(global_step);
+        for (i, batch) in train_loader.epoch(epoch as u64).enumerate() {
+            let batch = batch?;
+            let x = normalize_on_device(&batch.images, device, mean, std);
+            let y = batch.labels.to_device(device);
+            lr = sched.lr_at(global_step);
+            opt.set_lr(lr);
+            let logits = model.forward(&x, true);
+            let loss = logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, cfg.label_smoothing);
+            opt.zero_grad();
+            loss.backward();
+            if let Some(max_norm) = cfg.clip_grad_norm {
+                let _ = optim::clip_grad_norm(&params, max_norm);
+            }
+            opt.step();
+            model.bn_batches += 1;
+            global_step += 1;
+            let bs = y.size()[0] as usize;
+            seen += bs;
+            tch::no_grad(|| {
+                loss_sum += loss.detach() * bs as f64;
+                correct += logits.argmax(-1, false).eq_tensor(&y).sum(Kind::Int64);
+            });
+            if cfg.log_every > 0 && (i + 1) % cfg.log_every == 0 {
+                println!(
+                    "epoch {}/{} step {}/{} loss {:.4} lr {:.5} {:.0} img/s",
+                    epoch + 1,
+                    cfg.epochs,
+                    i + 1,
+                    steps_per_epoch,
+                    loss.double_value(&[]),
+                    lr,
+                    seen as f64 / t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+        let train_secs = t0.elapsed().as_secs_f64();
+        let n = seen.max(1) as f64;
+        let (train_loss, train_top1) = (loss_sum.double_value(&[]) / n, correct.int64_value(&[]) as f64 / n);
+
+        // ---- validate
+        let ev = eval::evaluate(&model, &val_loader, device, mean, std)?;
+        let row = EpochRow {
+            epoch: epoch + 1,
+            train_loss,
+            train_top1,
+            val_loss: ev.loss,
+            val_top1: ev.top1,
+            val_top5: ev.top5,
+            lr,
+            seconds: t0.elapsed().as_secs_f64(),
+            images_per_s: seen as f64 / train_secs,
+        };
+        let improved = best.as_ref().is_none_or(|(_, b, _)| ev.top1 > *b);
+        if improved {
+            best = Some((epoch + 1, ev.top1, ClassificationReport::new(&classes, &ev.targets, &ev.preds)));
+        }
+        let (best_epoch, best_top1, _) = best.as_ref().expect("set above");
+
+        // ---- checkpoints and metrics
+        let state = CheckpointState {
+            ringtrain_version: env!("CARGO_PKG_VERSION").into(),
+            model: cfg.model.clone(),
+            classes: classes.clone(),
+            img_size: cfg.img_size,
+            eval_resize: cfg.eval_resize(),
+            mean: cfg.mean.clone(),
+            std: cfg.std.clone(),
+            epoch: epoch + 1,
+            global_step,
+            val_top1: Some(ev.top1),
+            best_val_top1: Some(*best_top1),
+            best_epoch: Some(*best_epoch),
+            config: cfg.clone(),
+        };
+        checkpoint::save(&run_dir.join("last"), &model, &state)?;
+        if improved {
+            checkpoint::save(&run_dir.join("best"), &model, &state)?;
+        }
+        rows.push(row.clone());
+        metrics_csv::write(&run_dir.join("metrics.csv"), &rows)?;
+        println!(
+            "epoch {}/{} {} | train loss {:.4} top1 {:.2}% | val loss {:.4} top1 {:.2}% top5 {:.2}% | lr {:.5} | {:.0} img/s | best {:.2}% (epoch {})",
+            epoch + 1,
+            cfg.epochs,
+            fmt_duration(row.seconds),
+            train_loss,
+            100.0 * train_top1,
+            ev.loss,
+            100.0 * ev.top1,
+            100.0 * ev.top5,
+            lr,
+            row.images_per_s,
+            100.0 * best_top1,
+            best_epoch
+        );
+    }
+    let (best_epoch, best_val_top1, report) = best.expect("epochs >= 1");
+    atomic::write_file(&run_dir.join("report.txt"), report.to_text().as_bytes())?;
+    println!(
+        "done in {}: best val top1 {:.2}% at epoch {}; run directory {}",
+        fmt_duration(run_start.elapsed().as_secs_f64()),
+        100.0 * best_val_top1,
+        best_epoch,
+        run_dir.display()
+    );
+    Ok(RunSummary { run_dir, epochs: rows, best_epoch, best_val_top1, report })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stratified_split_keeps_every_class_on_both_sides() {
+        let classes = vec!["a".to_string(), "b".to_string()];
+        let samples = (0..10).map(|i| (PathBuf::from(format!("a{i}")), 0)).chain((0..3).map(|i| (PathBuf::from(format!("b{i}")), 1))).collect();
+        let f = ImageFolder { root: PathBuf::new(), classes, samples };
+        let (t, v) = split_stratified(&f, 0.2, 1);
+        assert_eq!(v.iter().filter(|s| s.1 == 0).count(), 2);
+        assert_eq!(v.iter().filter(|s| s.1 == 1).count(), 1);
+        assert_eq!(t.len() + v.len(), 13);
+        assert_eq!(split_stratified(&f, 0.2, 1).1, v);
+    }
+
+    #[test]
+    fn durations_read_as_h_m_s() {
+        assert_eq!(fmt_duration(5.2), "5s");
+        assert_eq!(fmt_duration(65.0), "1m05s");
+        assert_eq!(fmt_duration(3725.0), "1h02m05s");
+    }
+}
