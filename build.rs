@@ -40,7 +40,7 @@ fn main() {
         "-Wl,--enable-new-dtags".to_string(),
         format!("-Wl,-rpath,{lib}"),
     ] {
-        println!("cargo:rustc-link-arg-bins={arg}");
-        println!("cargo:rustc-link-arg-tests={arg}");
+        // All linked targets: the binary, integration tests and the library's unit tests.
+        println!("cargo:rustc-link-arg={arg}");
     }
 }

@@ -139,7 +139,7 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
 }
 
 /// Images per class and size of the demo data set.
-const DEMO_TRAIN_PER_CLASS: usize = 300;
+const DEMO_TRAIN_PER_CLASS: usize = 600;
 const DEMO_VAL_PER_CLASS: usize = 60;
 const DEMO_IMAGE_SIZE: u32 = 36;
 
@@ -170,12 +170,11 @@ fn demo(args: &DemoArgs) -> Result<()> {
         eval_resize: Some(32),
         epochs: args.epochs,
         batch_size: 64,
-        lr: 0.1,
-        nesterov: true,
-        weight_decay: 5e-4,
-        label_smoothing: 0.1,
-        warmup_epochs: 1.0,
-        crop_scale: vec![0.5, 1.0],
+        optimizer: OptimizerKind::Adamw,
+        lr: 0.003,
+        weight_decay: 0.05,
+        warmup_epochs: if args.epochs > 1 { 1.0 } else { 0.0 },
+        crop_scale: vec![0.7, 1.0],
         seed: args.seed,
         device: args.device.clone(),
         log_every: 0,

@@ -1,1 +1,115 @@
-// CLI tests
+//! The binary as a user meets it: bad input is one clear line and exit code 2 with nothing
+//! written; the same seed gives the same run; the version names libtorch.
+mod common;
+
+use std::path::Path;
+
+use common::ringtrain;
+
+fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
+    for (c, name) in classes.iter().enumerate() {
+        std::fs::create_dir_all(root.join(name)).unwrap();
+        for i in 0..per_class {
+            ringtrain::data::demo::render(c, 36, 3, i as u64).save(root.join(name).join(format!("{i}.png"))).unwrap();
+        }
+    }
+}
+
+/// Runs `train` with `extra` flags and expects a user error mentioning `needle`.
+fn expect_user_error(args: &[&str], needle: &str) {
+    let out = ringtrain(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: expected exit 2, stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: expected one line, got: {stderr}");
+    assert!(stderr.starts_with("error: ") && stderr.contains(needle), "{args:?}: {stderr:?} lacks {needle:?}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+}
+
+#[test]
+fn bad_input_is_rejected_with_one_line_and_exit_2_before_any_work() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_folder(&data, &["a", "b"], 3);
+    let out = d.path().join("run");
+    let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let base = |extra: &[&str]| -> Vec<String> {
+        ["train", "--data", data_s, "--out", out_s, "--epochs", "1"].iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let run = |extra: &[&str], needle: &str| {
+        let args = base(extra);
+        expect_user_error(&args.iter().map(String::as_str).collect::<Vec<_>>(), needle);
+    };
+    run(&["--lr", "-0.1"], "--lr must be a positive number");
+    run(&["--batch-size", "0"], "--batch-size must be at least 1");
+    run(&["--model", "resnet9000"], "unknown --model 'resnet9000'");
+    run(&["--device", "tpu"], "invalid --device 'tpu'");
+    run(&["--warmup-epochs", "5"], "--warmup-epochs");
+
+    expect_user_error(&["train", "--data", "/no/such/dir", "--out", out_s], "/no/such/dir");
+    let empty = d.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    expect_user_error(&["train", "--data", empty.to_str().unwrap(), "--out", out_s], "no class sub-directories");
+    let with_empty_class = d.path().join("with_empty_class");
+    make_folder(&with_empty_class, &["a"], 2);
+    std::fs::create_dir(with_empty_class.join("b")).unwrap();
+    expect_user_error(&["train", "--data", with_empty_class.to_str().unwrap(), "--out", out_s], "class 'b' has no images");
+    let val = d.path().join("val");
+    make_folder(&val, &["a", "c"], 2);
+    run(&["--val", val.to_str().unwrap()], "validation classes differ");
+
+    let cfg = d.path().join("run.toml");
+    std::fs::write(&cfg, "learning_rate = 0.1\n").unwrap();
+    run(&["--config", cfg.to_str().unwrap()], "unknown field `learning_rate`");
+    run(&["--config", "/no/such.toml"], "cannot read --config /no/such.toml");
+
+    assert!(!out.exists(), "a rejected run must not create its run directory");
+}
+
+#[test]
+fn config_file_is_used_and_flags_override_it() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_folder(&data, &["a", "b"], 6);
+    let cfg = d.path().join("run.toml");
+    std::fs::write(&cfg, format!("data = {:?}\nmodel = \"resnet10-tiny\"\nimg_size = 32\nepochs = 1\nbatch_size = 4\nlr = 0.5\n", data)).unwrap();
+    let out = d.path().join("run");
+    let o = ringtrain(&["train", "--config", cfg.to_str().unwrap(), "--lr", "0.02", "--out", out.to_str().unwrap(), "--device", "cpu"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let resolved: toml::Table = std::fs::read_to_string(out.join("config.toml")).unwrap().parse().unwrap();
+    assert_eq!(resolved["lr"].as_float(), Some(0.02));
+    assert_eq!(resolved["batch_size"].as_integer(), Some(4));
+    assert_eq!(resolved["model"].as_str(), Some("resnet10-tiny"));
+}
+
+#[test]
+fn same_seed_gives_bit_identical_cpu_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_folder(&data, &["circle", "cross", "hexagon"], 16);
+    let run = |name: &str| {
+        let out = d.path().join(name);
+        let o = ringtrain(&[
+            "train", "--data", data.to_str().unwrap(), "--out", out.to_str().unwrap(), "--model", "resnet10-tiny",
+            "--img-size", "32", "--epochs", "2", "--batch-size", "8", "--device", "cpu", "--seed", "5", "--workers", "2",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        out
+    };
+    let (a, b) = (run("a"), run("b"));
+    // Everything but the timing columns.
+    let metrics = |p: &Path| -> Vec<String> {
+        std::fs::read_to_string(p.join("metrics.csv")).unwrap().lines().map(|l| l.split(',').take(7).collect::<Vec<_>>().join(",")).collect()
+    };
+    assert_eq!(metrics(&a), metrics(&b));
+    assert_eq!(metrics(&a).len(), 3);
+    assert_eq!(std::fs::read(a.join("last/model.safetensors")).unwrap(), std::fs::read(b.join("last/model.safetensors")).unwrap());
+}
+
+#[test]
+fn version_names_ringtrain_and_libtorch() {
+    let o = ringtrain(&["--version"]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success());
+    assert!(s.starts_with(&format!("ringtrain {}", env!("CARGO_PKG_VERSION"))), "{s}");
+    assert!(s.contains("libtorch 2.11.0"), "{s}");
+}

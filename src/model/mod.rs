@@ -104,8 +104,11 @@ impl Model {
                 unexpected
             );
         }
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort();
         tch::no_grad(|| -> Result<()> {
-            for (name, var) in &vars {
+            for name in names {
+                let var = &vars[name];
                 let src = &file[name];
                 if src.size() != var.size() {
                     bail!("{}: {name} has shape {:?}, model {} expects {:?}", path.display(), src.size(), self.name, var.size());
@@ -156,6 +159,6 @@ mod tests {
         let p = d.path().join("m.safetensors");
         Model::new("resnet10-tiny", 5, Device::Cpu).unwrap().save_safetensors(&p).unwrap();
         let e = Model::new("resnet10-tiny", 3, Device::Cpu).unwrap().load_safetensors(&p).unwrap_err();
-        assert!(e.to_string().contains("fc.weight has shape [5, 128]"), "{e}");
+        assert!(e.to_string().contains("fc.bias has shape [5], model resnet10-tiny expects [3]"), "{e}");
     }
 }

@@ -44,7 +44,7 @@ mod tests {
         let a = Tensor::zeros([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let b = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         // grads (3, 0) and (4): total norm 5.
-        (&a * Tensor::from_slice(&[3.0f32, 0.0]) + &b * 4.0).sum(Kind::Float).backward();
+        ((&a * Tensor::from_slice(&[3.0f32, 0.0])).sum(Kind::Float) + (&b * 4.0).sum(Kind::Float)).backward();
         let n = clip_grad_norm(&[a.shallow_clone(), b.shallow_clone()], 1.0);
         assert!((n.double_value(&[]) - 5.0).abs() < 1e-5);
         assert!((a.grad().double_value(&[0]) - 0.6).abs() < 1e-5);

@@ -1,0 +1,32 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The Python with torch/torchvision/sklearn that serves as the independent reference
+/// (set by scripts/test.sh; falls back to `python3`).
+pub fn python() -> String {
+    std::env::var("RINGTRAIN_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+pub fn run_python(args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/torchvision_reference.py");
+    let out = Command::new(python()).arg(script).args(args).output().expect("running the reference Python");
+    assert!(
+        out.status.success(),
+        "reference Python failed (run the tests through scripts/test.sh so torch is available):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The shared real data sets, beside the repository.
+pub fn shared_data(rel: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data").join(rel);
+    assert!(p.exists(), "shared data set missing: {}", p.display());
+    p
+}
+
+pub fn ringtrain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ringtrain")).args(args).output().expect("running ringtrain")
+}

@@ -1,0 +1,88 @@
+"""Independent references from PyTorch/torchvision for ringtrain's tests.
+
+  torchvision_reference.py models OUTDIR NAME...   random-initialised torchvision models:
+      OUTDIR/NAME.safetensors (state_dict) and OUTDIR/NAME.io.safetensors (input, eval and
+      train-mode logits)
+  torchvision_reference.py evaluate MODEL NUM_CLASSES CKPT ROOT SIZE RESIZE   top-1 in PyTorch
+  torchvision_reference.py imagefolder ROOT        JSON: classes and samples as ImageFolder sees them
+"""
+import json
+import sys
+
+import torch
+import torchvision
+from safetensors.torch import save_file
+
+NUM_CLASSES = 7
+
+
+def build(name):
+    if name == "resnet18-cifar":
+        m = torchvision.models.resnet18(num_classes=NUM_CLASSES)
+        m.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        m.maxpool = torch.nn.Identity()
+        return m, 32
+    size = 96 if name == "alexnet" else 64
+    return getattr(torchvision.models, name)(num_classes=NUM_CLASSES), size
+
+
+def models(out, names):
+    for name in names:
+        torch.manual_seed(0)
+        m, size = build(name)
+        # Random BN statistics and affine parameters, so eval-mode BN is not an identity.
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 2.0)
+                mod.weight.data.uniform_(0.5, 1.5)
+                mod.bias.data.uniform_(-0.2, 0.2)
+        x = torch.randn(3, 3, size, size)
+        m.eval()
+        with torch.no_grad():
+            eval_logits = m(x)
+        tensors = {"x": x, "eval_logits": eval_logits}
+        # Saved before the train-mode pass, which updates the BN running statistics.
+        state = {k: v.clone().contiguous() for k, v in m.state_dict().items()}
+        if name != "alexnet":  # dropout makes alexnet's train mode random
+            m.train()
+            with torch.no_grad():
+                tensors["train_logits"] = m(x)
+            m.eval()
+        save_file(state, f"{out}/{name}.safetensors")
+        save_file(tensors, f"{out}/{name}.io.safetensors")
+
+
+def evaluate(name, num_classes, ckpt, root, size, resize):
+    """Top-1 of a ringtrain checkpoint loaded strictly into torchvision, with torchvision's
+    own evaluation transforms."""
+    from safetensors.torch import load_file
+    from torchvision import transforms as T
+
+    m = getattr(torchvision.models, name)(num_classes=int(num_classes))
+    m.load_state_dict(load_file(ckpt), strict=True)
+    m.eval()
+    tf = T.Compose([T.Resize(int(resize)), T.CenterCrop(int(size)), T.ToTensor(),
+                    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    ds = torchvision.datasets.ImageFolder(root, transform=tf)
+    correct = 0
+    with torch.no_grad():
+        for x, y in torch.utils.data.DataLoader(ds, batch_size=64):
+            correct += (m(x).argmax(1) == y).sum().item()
+    print(correct / len(ds))
+
+
+def imagefolder(root):
+    ds = torchvision.datasets.ImageFolder(root)
+    print(json.dumps({"classes": ds.classes, "class_to_idx": ds.class_to_idx, "samples": ds.samples}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "models":
+        models(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "evaluate":
+        evaluate(*sys.argv[2:])
+    elif sys.argv[1] == "imagefolder":
+        imagefolder(sys.argv[2])
+    else:
+        sys.exit(f"unknown command {sys.argv[1]}")
