@@ -1,6 +1,6 @@
 //! The command line: `ringtrain train`, `ringtrain demo`, `ringtrain --version`.
 //! Every `train` option can also come from a TOML file (`--config`); flags override the file.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -8,6 +8,14 @@ use serde::Serialize;
 
 use crate::config::{self, OptimizerKind, SchedKind, TrainConfig};
 use crate::data::demo;
+use crate::data::folder::ImageFolder;
+use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::transform::Transform;
+use crate::predict::PredictOptions;
+use crate::report::write_evaluation;
+use crate::say;
+use crate::train::checkpoint;
+use crate::train::eval::evaluate;
 use crate::error::{is_user_error, user_error};
 use crate::shim;
 
@@ -17,6 +25,9 @@ struct Cli {
     /// Print ringtrain's version and those of libtorch, CUDA and cuDNN.
     #[arg(short = 'V', long)]
     version: bool,
+    /// Print errors only.
+    #[arg(short, long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -27,6 +38,53 @@ enum Command {
     Train(TrainArgs),
     /// Generate the built-in shapes data set and train on it: the quickest end-to-end check.
     Demo(DemoArgs),
+    /// Evaluate a checkpoint on an ImageFolder directory: loss, top-1/5, per-class report,
+    /// confusion matrix (CSV and PNG), all metrics as JSON.
+    Eval(EvalArgs),
+    /// Predict the classes of images: files, flat folders, or ImageFolder trees (then with accuracy).
+    Predict(PredictArgs),
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// A checkpoint directory (e.g. runs/x/best).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Images in the ImageFolder layout, with the checkpoint's classes.
+    #[arg(long)]
+    data: PathBuf,
+    /// Where the report goes [<run>/eval-<checkpoint name>].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Data worker threads [available cores].
+    #[arg(long)]
+    workers: Option<usize>,
+}
+
+#[derive(Args)]
+struct PredictArgs {
+    /// A checkpoint directory (e.g. runs/x/best).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Image files, flat folders or ImageFolder trees.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    /// CSV of the predictions.
+    #[arg(long, default_value = "predictions.csv")]
+    out: PathBuf,
+    /// Classes and probabilities listed per image.
+    #[arg(long, default_value_t = 5)]
+    topk: usize,
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    #[arg(long, default_value = "auto")]
+    device: String,
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 /// Flags given on the command line; only those present override the config file.
@@ -153,7 +211,7 @@ fn demo(args: &DemoArgs) -> Result<()> {
         }
         demo::generate(&data, DEMO_TRAIN_PER_CLASS, DEMO_VAL_PER_CLASS, DEMO_IMAGE_SIZE, args.seed)?;
         std::fs::write(&stamp, b"")?;
-        println!(
+        say!(
             "demo: wrote {} shape images ({} classes) to {} in {:.1}s",
             (DEMO_TRAIN_PER_CLASS + DEMO_VAL_PER_CLASS) * demo::CLASSES.len(),
             demo::CLASSES.len(),
@@ -177,11 +235,90 @@ fn demo(args: &DemoArgs) -> Result<()> {
         crop_scale: vec![0.7, 1.0],
         seed: args.seed,
         device: args.device.clone(),
-        log_every: 0,
+        log_every: 25,
         ..Default::default()
     };
     let summary = crate::train::run(&cfg)?;
-    println!("\nclassification report (best epoch {}):\n{}", summary.best_epoch, summary.report.to_text());
+    say!("\nclassification report (best epoch {}):\n{}", summary.best_epoch, summary.report.to_text());
+    Ok(())
+}
+
+fn workers(n: Option<usize>) -> usize {
+    n.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)).max(1)
+}
+
+fn eval(args: &EvalArgs) -> Result<()> {
+    let device = config::resolve_device(&args.device)?;
+    if args.batch_size == 0 {
+        return Err(user_error("--batch-size must be at least 1"));
+    }
+    let (model, state) = checkpoint::load(&args.checkpoint, device)?;
+    let folder = ImageFolder::scan(&args.data, "--data")?;
+    if folder.classes != state.classes {
+        return Err(user_error(format!(
+            "--data {} has classes {:?}, the checkpoint was trained on {:?}",
+            args.data.display(),
+            folder.classes,
+            state.classes
+        )));
+    }
+    let loader = Loader::new(
+        folder.samples,
+        Transform::Eval { size: state.img_size, resize: state.eval_resize },
+        LoaderOptions { batch_size: args.batch_size, shuffle: false, drop_last: false, seed: 0, workers: workers(args.workers), prefetch: 4, skip_unreadable: true },
+    )?;
+    let mean = [state.mean[0], state.mean[1], state.mean[2]];
+    let std = [state.std[0], state.std[1], state.std[2]];
+    let ev = evaluate(&model, &loader, device, mean, std)?;
+    for (p, e) in &ev.skipped {
+        eprintln!("warning: skipped unreadable image {}: {e}", p.display());
+    }
+    let out = args.out.clone().unwrap_or_else(|| {
+        let name = args.checkpoint.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
+        args.checkpoint.parent().unwrap_or(Path::new(".")).join(format!("eval-{name}"))
+    });
+    let title = format!("{} — {}", state.model, args.data.display());
+    let report = write_evaluation(&out, &state.classes, &ev, &title)?;
+    say!(
+        "{} images ({} skipped): loss {:.4}, top-1 {:.2}%, top-5 {:.2}%\n\n{}\nreport, metrics.json, confusion.csv and confusion.png in {}",
+        ev.targets.len(),
+        ev.skipped.len(),
+        ev.loss,
+        100.0 * ev.top1,
+        100.0 * ev.top5,
+        report.to_text(),
+        out.display()
+    );
+    Ok(())
+}
+
+fn predict(args: &PredictArgs) -> Result<()> {
+    let opts = PredictOptions {
+        checkpoint: args.checkpoint.clone(),
+        inputs: args.inputs.clone(),
+        out: args.out.clone(),
+        topk: args.topk,
+        batch_size: args.batch_size,
+        device: config::resolve_device(&args.device)?,
+        workers: workers(args.workers),
+    };
+    let s = crate::predict::predict(&opts)?;
+    for (p, e) in &s.skipped {
+        eprintln!("warning: skipped unreadable image {}: {e}", p.display());
+    }
+    const SHOWN: usize = 20;
+    let width = s.predictions.iter().take(SHOWN).map(|p| p.path.display().to_string().len()).max().unwrap_or(4).min(70);
+    say!("{:<width$}  {:<24} {:>8}", "path", "predicted", "prob");
+    for p in s.predictions.iter().take(SHOWN) {
+        let path = p.path.display().to_string();
+        let path = if path.len() > width { format!("...{}", &path[path.len() - width + 3..]) } else { path };
+        say!("{:<width$}  {:<24} {:>7.2}%", path, s.classes[p.top[0].0], 100.0 * p.top[0].1);
+    }
+    if s.predictions.len() > SHOWN {
+        say!("... and {} more", s.predictions.len() - SHOWN);
+    }
+    let acc = s.accuracy().map(|(a, n)| format!("; accuracy {:.2}% on {n} labelled images", 100.0 * a)).unwrap_or_default();
+    say!("{} images predicted, {} skipped{acc}; CSV: {}", s.predictions.len(), s.skipped.len(), args.out.display());
     Ok(())
 }
 
@@ -198,6 +335,7 @@ fn version() -> String {
 }
 
 fn dispatch(cli: Cli) -> Result<()> {
+    crate::report::progress::set_quiet(cli.quiet);
     if cli.version {
         println!("{}", version());
         return Ok(());
@@ -206,10 +344,12 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Train(args)) => {
             let cfg = train_config(&args)?;
             let summary = crate::train::run(&cfg)?;
-            println!("\nclassification report (best epoch {}):\n{}", summary.best_epoch, summary.report.to_text());
+            say!("\nclassification report (best epoch {}):\n{}", summary.best_epoch, summary.report.to_text());
             Ok(())
         }
         Some(Command::Demo(args)) => demo(&args),
+        Some(Command::Eval(args)) => eval(&args),
+        Some(Command::Predict(args)) => predict(&args),
         None => Err(user_error("no command given; try `ringtrain --help`")),
     }
 }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod data;
 pub mod error;
 pub mod model;
+pub mod predict;
 pub mod report;
 pub mod shim;
 pub mod train;

@@ -24,7 +24,7 @@ pub fn is_image_file(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+pub fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<std::io::Result<_>>()?;
     entries.sort_by_key(|e| e.file_name());
     for e in entries {

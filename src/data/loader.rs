@@ -19,10 +19,14 @@ use tch::Tensor;
 use super::decode::decode_rgb;
 use super::transform::Transform;
 
-/// One batch on the host: images u8 [B, H, W, 3], labels i64 [B].
+/// One batch on the host: images u8 [B, H, W, 3], labels i64 [B], and which samples they are.
 pub struct Batch {
     pub images: Tensor,
     pub labels: Tensor,
+    /// Sample indices of the images, in batch order.
+    pub indices: Vec<usize>,
+    /// Samples of this batch that could not be read (only with `skip_unreadable`): path, reason.
+    pub skipped: Vec<(PathBuf, String)>,
 }
 
 pub struct Loader {
@@ -33,6 +37,7 @@ pub struct Loader {
     drop_last: bool,
     seed: u64,
     prefetch: usize,
+    skip_unreadable: bool,
     pool: Arc<rayon::ThreadPool>,
 }
 
@@ -55,6 +60,8 @@ pub struct LoaderOptions {
     pub seed: u64,
     pub workers: usize,
     pub prefetch: usize,
+    /// Leave out (and report in `Batch::skipped`) images that fail to decode, instead of failing.
+    pub skip_unreadable: bool,
 }
 
 impl Loader {
@@ -72,6 +79,7 @@ impl Loader {
             drop_last: o.drop_last,
             seed: o.seed,
             prefetch: o.prefetch.max(1),
+            skip_unreadable: o.skip_unreadable,
             pool: Arc::new(pool),
         })
     }
@@ -103,12 +111,12 @@ impl Loader {
         let order = self.order(epoch);
         let (tx, rx) = sync_channel::<Result<Batch>>(self.prefetch);
         let (samples, transform, pool) = (self.samples.clone(), self.transform.clone(), self.pool.clone());
-        let (bs, seed, n_batches) = (self.batch_size, self.seed, self.batches_per_epoch());
+        let (bs, seed, n_batches, skip) = (self.batch_size, self.seed, self.batches_per_epoch(), self.skip_unreadable);
         let handle = std::thread::Builder::new()
             .name("ringtrain-loader".into())
             .spawn(move || {
                 for chunk in order.chunks(bs).take(n_batches) {
-                    let batch = pool.install(|| make_batch(&samples, chunk, &transform, seed, epoch));
+                    let batch = pool.install(|| make_batch(&samples, chunk, &transform, seed, epoch, skip));
                     let failed = batch.is_err();
                     // A closed receiver means the consumer stopped early: stop quietly.
                     if tx.send(batch).is_err() || failed {
@@ -127,21 +135,38 @@ fn make_batch(
     transform: &Transform,
     seed: u64,
     epoch: u64,
+    skip_unreadable: bool,
 ) -> Result<Batch> {
     let size = transform.size() as usize;
     let per = size * size * 3;
-    let mut pixels = vec![0u8; indices.len() * per];
-    pixels.par_chunks_mut(per).zip(indices.par_iter()).try_for_each(|(out, &i)| -> Result<()> {
+    let load = |i: usize| -> Result<Vec<u8>> {
         let (path, _) = &samples[i];
         let img = decode_rgb(path)?;
-        let mut rng = sample_rng(seed, epoch, i as u64);
-        transform.apply(&img, &mut rng, out).with_context(|| format!("transforming {}", path.display()))
-    })?;
-    let labels: Vec<i64> = indices.iter().map(|&i| samples[i].1 as i64).collect();
-    let b = indices.len() as i64;
+        let mut out = vec![0u8; per];
+        transform.apply(&img, &mut sample_rng(seed, epoch, i as u64), &mut out)
+            .with_context(|| format!("transforming {}", path.display()))?;
+        Ok(out)
+    };
+    let results: Vec<Result<Vec<u8>>> = indices.par_iter().map(|&i| load(i)).collect();
+    let mut pixels = Vec::with_capacity(indices.len() * per);
+    let (mut kept, mut skipped) = (Vec::with_capacity(indices.len()), Vec::new());
+    for (&i, r) in indices.iter().zip(results) {
+        match r {
+            Ok(p) => {
+                pixels.extend_from_slice(&p);
+                kept.push(i);
+            }
+            Err(e) if skip_unreadable => skipped.push((samples[i].0.clone(), format!("{e:#}"))),
+            Err(e) => return Err(e),
+        }
+    }
+    let labels: Vec<i64> = kept.iter().map(|&i| samples[i].1 as i64).collect();
+    let b = kept.len() as i64;
     Ok(Batch {
         images: Tensor::from_slice(&pixels).view([b, size as i64, size as i64, 3]),
         labels: Tensor::from_slice(&labels),
+        indices: kept,
+        skipped,
     })
 }
 
@@ -189,7 +214,7 @@ mod tests {
     fn batches_do_not_depend_on_worker_count() {
         let (_d, samples) = folder(5);
         let t = Transform::Train { size: 8, scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0), hflip: true };
-        let opts = |workers| LoaderOptions { batch_size: 4, shuffle: true, drop_last: false, seed: 7, workers, prefetch: 2 };
+        let opts = |workers| LoaderOptions { batch_size: 4, shuffle: true, drop_last: false, seed: 7, workers, prefetch: 2, skip_unreadable: false };
         let a = Loader::new(samples.clone(), t.clone(), opts(1)).unwrap();
         let b = Loader::new(samples, t, opts(3)).unwrap();
         let (ea, eb) = (collect(&a, 0), collect(&b, 0));
@@ -206,12 +231,31 @@ mod tests {
         let l = Loader::new(
             samples,
             t,
-            LoaderOptions { batch_size: 4, shuffle: false, drop_last: true, seed: 0, workers: 2, prefetch: 1 },
+            LoaderOptions { batch_size: 4, shuffle: false, drop_last: true, seed: 0, workers: 2, prefetch: 1, skip_unreadable: false },
         )
         .unwrap();
         let e = collect(&l, 0);
         assert_eq!(e.len(), 3);
         let labels: Vec<i64> = e.iter().flat_map(|b| b.1.clone()).collect();
         assert_eq!(labels, vec![0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn unreadable_files_are_skipped_and_reported_or_fail_the_batch() {
+        let (d, mut samples) = folder(2);
+        let bad = d.path().join("bad.png");
+        std::fs::write(&bad, b"truncated").unwrap();
+        samples.insert(1, (bad.clone(), 0));
+        let opts = |skip| LoaderOptions { batch_size: 10, shuffle: false, drop_last: false, seed: 0, workers: 2, prefetch: 1, skip_unreadable: skip };
+        let t = Transform::Eval { size: 8, resize: 8 };
+        let l = Loader::new(samples.clone(), t.clone(), opts(true)).unwrap();
+        let b = l.epoch(0).next().unwrap().unwrap();
+        assert_eq!(b.indices, vec![0, 2, 3, 4, 5, 6]);
+        assert_eq!(b.images.size(), vec![6, 8, 8, 3]);
+        assert_eq!(b.skipped.len(), 1);
+        assert_eq!(b.skipped[0].0, bad);
+        let l = Loader::new(samples, t, opts(false)).unwrap();
+        let e = format!("{:#}", l.epoch(0).next().unwrap().err().unwrap());
+        assert!(e.contains("bad.png"), "{e}");
     }
 }

@@ -60,6 +60,36 @@ impl ClassificationReport {
         ClassificationReport { accuracy: ratio(correct, n), rows, macro_avg, weighted_avg, confusion }
     }
 
+    /// sklearn's `classification_report(..., output_dict=True)`, key for key.
+    pub fn to_sklearn_json(&self) -> serde_json::Value {
+        let row = |r: &ClassRow| serde_json::json!({"precision": r.precision, "recall": r.recall, "f1-score": r.f1, "support": r.support});
+        let mut m = serde_json::Map::new();
+        for r in &self.rows {
+            m.insert(r.name.clone(), row(r));
+        }
+        m.insert("accuracy".into(), serde_json::json!(self.accuracy));
+        m.insert("macro avg".into(), row(&self.macro_avg));
+        m.insert("weighted avg".into(), row(&self.weighted_avg));
+        serde_json::Value::Object(m)
+    }
+
+    /// The confusion matrix as CSV: header `true_class,<classes>`, one row per true class.
+    pub fn confusion_csv(&self) -> String {
+        let mut s = String::from("true_class");
+        for r in &self.rows {
+            s += &format!(",{}", r.name);
+        }
+        s.push('\n');
+        for (r, counts) in self.rows.iter().zip(&self.confusion) {
+            s += &r.name;
+            for c in counts {
+                s += &format!(",{c}");
+            }
+            s.push('\n');
+        }
+        s
+    }
+
     /// The text layout of sklearn's `classification_report(digits=4)`.
     pub fn to_text(&self) -> String {
         let width = self.rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max("weighted avg".len());

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::atomic;
+use crate::bail_user;
 use crate::config::TrainConfig;
 use crate::model::Model;
 
@@ -42,6 +43,23 @@ pub fn save(dir: &Path, model: &Model, state: &CheckpointState) -> Result<()> {
 
 pub fn load_state(dir: &Path) -> Result<CheckpointState> {
     let p = dir.join(STATE_FILE);
-    let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", p.display()))
+    if !dir.is_dir() {
+        bail_user!("--checkpoint is not a checkpoint directory: {}", dir.display());
+    }
+    let bytes = match std::fs::read(&p) {
+        Ok(b) => b,
+        Err(e) => bail_user!("--checkpoint {}: cannot read {STATE_FILE}: {e}", dir.display()),
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(s) => Ok(s),
+        Err(e) => bail_user!("--checkpoint {}: invalid {STATE_FILE}: {e}", dir.display()),
+    }
+}
+
+/// The model of a checkpoint directory, ready for inference, with its state.
+pub fn load(dir: &Path, device: tch::Device) -> Result<(Model, CheckpointState)> {
+    let state = load_state(dir)?;
+    let mut model = Model::new(&state.model, state.classes.len() as i64, device)?;
+    model.load_safetensors(&dir.join(MODEL_FILE)).map_err(|e| crate::error::user_error(format!("--checkpoint {}: {e:#}", dir.display())))?;
+    Ok((model, state))
 }

@@ -13,15 +13,21 @@ pub struct EvalResult {
     pub top5: f64,
     pub targets: Vec<i64>,
     pub preds: Vec<i64>,
+    /// Images that could not be read (path, reason); not counted anywhere above.
+    pub skipped: Vec<(std::path::PathBuf, String)>,
 }
 
 pub fn evaluate(model: &Model, loader: &Loader, device: Device, mean: [f64; 3], std: [f64; 3]) -> Result<EvalResult> {
     let mut loss_sum = 0.0;
     let mut top5 = 0i64;
-    let (mut targets, mut preds) = (Vec::new(), Vec::new());
+    let (mut targets, mut preds, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
     tch::no_grad(|| -> Result<()> {
         for batch in loader.epoch(0) {
-            let batch = batch?;
+            let mut batch = batch?;
+            skipped.append(&mut batch.skipped);
+            if batch.indices.is_empty() {
+                continue;
+            }
             let x = normalize_on_device(&batch.images, device, mean, std);
             let y = batch.labels.to_device(device);
             let logits = model.forward(&x, false).to_kind(Kind::Float);
@@ -36,5 +42,5 @@ pub fn evaluate(model: &Model, loader: &Loader, device: Device, mean: [f64; 3], 
     })?;
     let n = targets.len().max(1) as f64;
     let correct = targets.iter().zip(&preds).filter(|(t, p)| t == p).count();
-    Ok(EvalResult { loss: loss_sum / n, top1: correct as f64 / n, top5: top5 as f64 / n, targets, preds })
+    Ok(EvalResult { loss: loss_sum / n, top1: correct as f64 / n, top5: top5 as f64 / n, targets, preds, skipped })
 }

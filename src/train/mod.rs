@@ -21,6 +21,10 @@ use crate::data::transform::Transform;
 use crate::model::Model;
 use crate::report::classification::ClassificationReport;
 use crate::report::metrics_csv::{self, EpochRow};
+use crate::report::progress::EpochProgress;
+use crate::report::tensorboard::EventWriter;
+use crate::report::{plots, write_evaluation};
+use crate::say;
 use checkpoint::CheckpointState;
 
 pub struct RunSummary {
@@ -95,12 +99,13 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
             seed: cfg.seed,
             workers,
             prefetch: cfg.prefetch,
+            skip_unreadable: false,
         },
     )?;
     let val_loader = Loader::new(
         val_samples,
         Transform::Eval { size: cfg.img_size, resize: cfg.eval_resize() },
-        LoaderOptions { batch_size: cfg.batch_size, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch },
+        LoaderOptions { batch_size: cfg.batch_size, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch, skip_unreadable: false },
     )?;
 
     // ---- run directory
@@ -115,7 +120,9 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
     let steps_per_epoch = train_loader.batches_per_epoch();
     let sched = schedule::LrSchedule::new(cfg, steps_per_epoch);
     let (mean, std) = (cfg.mean3(), cfg.std3());
-    println!(
+    let mut tb = EventWriter::create(&run_dir)?;
+    tb.text("config", &format!("```toml\n{}\n```", cfg.to_toml()?), 0)?;
+    say!(
         "ringtrain: {} ({:.1}M parameters) on {:?}, {} classes, {} train / {} val images, {} steps per epoch, {} data workers",
         cfg.model,
         model.num_parameters() as f64 / 1e6,
@@ -128,7 +135,7 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
     );
 
     let mut rows: Vec<EpochRow> = Vec::new();
-    let mut best: Option<(usize, f64, ClassificationReport)> = None;
+    let mut best: Option<(usize, eval::EvalResult)> = None;
     let mut global_step = 0usize;
     let run_start = Instant::now();
     for epoch in 0..cfg.epochs {
@@ -138,6 +145,7 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
         let mut correct = Tensor::zeros([], (Kind::Int64, device));
         let mut seen = 0usize;
         let mut lr = sched.lr_at(global_step);
+        let progress = EpochProgress::new(epoch + 1, cfg.epochs, steps_per_epoch, cfg.log_every);
         for (i, batch) in train_loader.epoch(epoch as u64).enumerate() {
             let batch = batch?;
             let x = normalize_on_device(&batch.images, device, mean, std);
@@ -160,19 +168,15 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
                 loss_sum += loss.detach() * bs as f64;
                 correct += logits.argmax(-1, false).eq_tensor(&y).sum(Kind::Int64);
             });
-            if cfg.log_every > 0 && (i + 1) % cfg.log_every == 0 {
-                println!(
-                    "epoch {}/{} step {}/{} loss {:.4} lr {:.5} {:.0} img/s",
-                    epoch + 1,
-                    cfg.epochs,
-                    i + 1,
-                    steps_per_epoch,
-                    loss.double_value(&[]),
-                    lr,
-                    seen as f64 / t0.elapsed().as_secs_f64()
-                );
+            let loss_now = progress.wants_loss(i + 1).then(|| loss.double_value(&[]));
+            if let Some(l) = loss_now {
+                // The 0-based index of the step just taken, as `epoch * len(loader) + i` in PyTorch scripts.
+                tb.scalar("train/loss", l, global_step as i64 - 1)?;
+                tb.scalar("train/lr", lr, global_step as i64 - 1)?;
             }
+            progress.update(i + 1, seen, loss_now, lr);
         }
+        progress.finish();
         let train_secs = t0.elapsed().as_secs_f64();
         let n = seen.max(1) as f64;
         let (train_loss, train_top1) = (loss_sum.double_value(&[]) / n, correct.int64_value(&[]) as f64 / n);
@@ -190,11 +194,11 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
             seconds: t0.elapsed().as_secs_f64(),
             images_per_s: seen as f64 / train_secs,
         };
-        let improved = best.as_ref().is_none_or(|(_, b, _)| ev.top1 > *b);
+        let improved = best.as_ref().is_none_or(|(_, b)| ev.top1 > b.top1);
         if improved {
-            best = Some((epoch + 1, ev.top1, ClassificationReport::new(&classes, &ev.targets, &ev.preds)));
+            best = Some((epoch + 1, ev.clone()));
         }
-        let (best_epoch, best_top1, _) = best.as_ref().expect("set above");
+        let (best_epoch, best_top1) = best.as_ref().map(|(e, b)| (*e, b.top1)).expect("set above");
 
         // ---- checkpoints and metrics
         let state = CheckpointState {
@@ -208,8 +212,8 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
             epoch: epoch + 1,
             global_step,
             val_top1: Some(ev.top1),
-            best_val_top1: Some(*best_top1),
-            best_epoch: Some(*best_epoch),
+            best_val_top1: Some(best_top1),
+            best_epoch: Some(best_epoch),
             config: cfg.clone(),
         };
         checkpoint::save(&run_dir.join("last"), &model, &state)?;
@@ -218,7 +222,22 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
         }
         rows.push(row.clone());
         metrics_csv::write(&run_dir.join("metrics.csv"), &rows)?;
-        println!(
+        plots::training_curves(&run_dir.join("curves.png"), &rows)?;
+        let e = (epoch + 1) as i64;
+        for (tag, v) in [
+            ("epoch/train_loss", train_loss),
+            ("epoch/train_top1", train_top1),
+            ("epoch/val_loss", ev.loss),
+            ("epoch/val_top1", ev.top1),
+            ("epoch/val_top5", ev.top5),
+            ("epoch/lr", lr),
+            ("epoch/images_per_s", row.images_per_s),
+            ("epoch/seconds", row.seconds),
+        ] {
+            tb.scalar(tag, v, e)?;
+        }
+        tb.flush()?;
+        say!(
             "epoch {}/{} {} | train loss {:.4} top1 {:.2}% | val loss {:.4} top1 {:.2}% top5 {:.2}% | lr {:.5} | {:.0} img/s | best {:.2}% (epoch {})",
             epoch + 1,
             cfg.epochs,
@@ -234,9 +253,10 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
             best_epoch
         );
     }
-    let (best_epoch, best_val_top1, report) = best.expect("epochs >= 1");
-    atomic::write_file(&run_dir.join("report.txt"), report.to_text().as_bytes())?;
-    println!(
+    let (best_epoch, best_ev) = best.expect("epochs >= 1");
+    let best_val_top1 = best_ev.top1;
+    let report = write_evaluation(&run_dir, &classes, &best_ev, &format!("{} — validation, best epoch {best_epoch}", cfg.model))?;
+    say!(
         "done in {}: best val top1 {:.2}% at epoch {}; run directory {}",
         fmt_duration(run_start.elapsed().as_secs_f64()),
         100.0 * best_val_top1,

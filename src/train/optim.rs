@@ -49,7 +49,7 @@ mod tests {
         assert!((n.double_value(&[]) - 5.0).abs() < 1e-5);
         assert!((a.grad().double_value(&[0]) - 0.6).abs() < 1e-5);
         assert!((b.grad().double_value(&[0]) - 0.8).abs() < 1e-5);
-        clip_grad_norm(&[a.shallow_clone(), b.shallow_clone()], 10.0);
+        let _ = clip_grad_norm(&[a.shallow_clone(), b.shallow_clone()], 10.0);
         assert!((a.grad().double_value(&[0]) - 0.6).abs() < 1e-5);
     }
 }

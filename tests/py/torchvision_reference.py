@@ -4,6 +4,8 @@
       OUTDIR/NAME.safetensors (state_dict) and OUTDIR/NAME.io.safetensors (input, eval and
       train-mode logits)
   torchvision_reference.py evaluate MODEL NUM_CLASSES CKPT ROOT SIZE RESIZE   top-1 in PyTorch
+  torchvision_reference.py sklearn_report JSON     sklearn's classification_report(output_dict=True)
+  torchvision_reference.py tensorboard_scalars DIR scalars and texts as TensorBoard's reader sees them
   torchvision_reference.py imagefolder ROOT        JSON: classes and samples as ImageFolder sees them
 """
 import json
@@ -72,6 +74,30 @@ def evaluate(name, num_classes, ckpt, root, size, resize):
     print(correct / len(ds))
 
 
+def sklearn_report(path):
+    """sklearn's classification_report(output_dict=True) for {"targets","preds","classes"}."""
+    import warnings
+    from sklearn.metrics import classification_report
+
+    d = json.load(open(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zero-division warnings: the default still gives 0
+        r = classification_report(d["targets"], d["preds"], labels=list(range(len(d["classes"]))),
+                                  target_names=d["classes"], output_dict=True)
+    print(json.dumps(r))
+
+
+def tensorboard_scalars(run_dir):
+    """Every scalar and text tag TensorBoard's own reader finds in a run directory."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(run_dir, size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+    acc.Reload()
+    out = {"scalars": {t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]},
+           "tensors": {t: [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(t)] for t in acc.Tags()["tensors"]}}
+    print(json.dumps(out))
+
+
 def imagefolder(root):
     ds = torchvision.datasets.ImageFolder(root)
     print(json.dumps({"classes": ds.classes, "class_to_idx": ds.class_to_idx, "samples": ds.samples}))
@@ -82,6 +108,10 @@ if __name__ == "__main__":
         models(sys.argv[2], sys.argv[3:])
     elif sys.argv[1] == "evaluate":
         evaluate(*sys.argv[2:])
+    elif sys.argv[1] == "sklearn_report":
+        sklearn_report(sys.argv[2])
+    elif sys.argv[1] == "tensorboard_scalars":
+        tensorboard_scalars(sys.argv[2])
     elif sys.argv[1] == "imagefolder":
         imagefolder(sys.argv[2])
     else:

@@ -1,0 +1,76 @@
+//! What the user sees while a run goes on. On a terminal: a progress bar per epoch (images/s,
+//! loss, lr, ETA). Otherwise (logs, CI): a plain line every `log_every` steps. `--quiet`: errors only.
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+pub fn set_quiet(q: bool) {
+    QUIET.store(q, Ordering::Relaxed);
+}
+
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// `println!` unless `--quiet`.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => { if !$crate::report::progress::quiet() { println!($($arg)*) } };
+}
+
+pub struct EpochProgress {
+    bar: Option<ProgressBar>,
+    label: String,
+    total: usize,
+    log_every: usize,
+    start: Instant,
+}
+
+impl EpochProgress {
+    pub fn new(epoch: usize, epochs: usize, total: usize, log_every: usize) -> Self {
+        let label = format!("epoch {epoch}/{epochs}");
+        let bar = (!quiet() && std::io::stdout().is_terminal()).then(|| {
+            let b = ProgressBar::new(total as u64);
+            b.set_style(
+                ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} | ETA {eta}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            b.set_prefix(label.clone());
+            b
+        });
+        EpochProgress { bar, label, total, log_every, start: Instant::now() }
+    }
+
+    /// Whether the caller should read the loss back for this (1-based) step: reading it waits
+    /// for the device, so it happens only every `log_every` steps (every 10 on a terminal).
+    pub fn wants_loss(&self, step: usize) -> bool {
+        let every = if self.bar.is_some() { 10 } else { self.log_every };
+        every > 0 && step % every == 0
+    }
+
+    pub fn update(&self, step: usize, images: usize, loss: Option<f64>, lr: f64) {
+        let rate = images as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
+        match (&self.bar, loss) {
+            (Some(b), Some(loss)) => {
+                b.set_position(step as u64);
+                b.set_message(format!("loss {loss:.4} lr {lr:.5} {rate:.0} img/s"));
+            }
+            (Some(b), None) => b.set_position(step as u64),
+            (None, Some(loss)) if !quiet() => {
+                println!("{} step {step}/{} loss {loss:.4} lr {lr:.5} {rate:.0} img/s", self.label, self.total)
+            }
+            _ => {}
+        }
+    }
+
+    pub fn finish(self) {
+        if let Some(b) = self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
