@@ -43,7 +43,14 @@ fn render_png(path: &Path, w: u32, h: u32, draw: impl FnOnce(DrawingArea<BitMapB
 
 type Series<'a> = (&'a str, Vec<(f64, f64)>, RGBColor);
 
-fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, title: &str, y_label: &str, series: &[Series], epochs: usize) -> Result<()> {
+fn panel(
+    area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
+    title: &str,
+    y_label: &str,
+    series: &[Series],
+    epochs: usize,
+    legend: SeriesLabelPosition,
+) -> Result<()> {
     let ys = series.iter().flat_map(|s| s.1.iter().map(|p| p.1)).filter(|y| y.is_finite());
     let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
     let (lo, hi) = if lo.is_finite() { (lo.min(0.0), if hi > lo { hi * 1.05 } else { lo + 1.0 }) } else { (0.0, 1.0) };
@@ -61,6 +68,7 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, title: &str,
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
         .x_labels(epochs.clamp(2, 10))
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .draw()
         .map_err(err)?;
     for (name, points, colour) in series {
@@ -77,7 +85,7 @@ fn panel(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, title: &str,
         .label_font((FONT, 14))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
+        .position(legend)
         .draw()
         .map_err(err)?;
     Ok(())
@@ -89,7 +97,8 @@ pub fn training_curves(path: &Path, rows: &[EpochRow]) -> Result<()> {
     let n = rows.last().map(|r| r.epoch).unwrap_or(1);
     render_png(path, 1500, 450, |root| {
         let areas = root.split_evenly((1, 3));
-        panel(&areas[0], "Loss", "cross-entropy", &[("train", pts(|r| r.train_loss), BLUE), ("val", pts(|r| r.val_loss), RED)], n)?;
+        let loss = [("train", pts(|r| r.train_loss), BLUE), ("val", pts(|r| r.val_loss), RED)];
+        panel(&areas[0], "Loss", "cross-entropy", &loss, n, SeriesLabelPosition::UpperRight)?;
         panel(
             &areas[1],
             "Accuracy",
@@ -100,8 +109,9 @@ pub fn training_curves(path: &Path, rows: &[EpochRow]) -> Result<()> {
                 ("val top-5", pts(|r| 100.0 * r.val_top5), RGBColor(0, 150, 0)),
             ],
             n,
+            SeriesLabelPosition::LowerRight,
         )?;
-        panel(&areas[2], "Learning rate (end of epoch)", "lr", &[("lr", pts(|r| r.lr), BLACK)], n)
+        panel(&areas[2], "Learning rate (end of epoch)", "lr", &[("lr", pts(|r| r.lr), BLACK)], n, SeriesLabelPosition::UpperRight)
     })
 }
 
