@@ -9,20 +9,35 @@ fn main() {
             .expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB; run scripts/setup.sh"),
     );
     let include = lib.join("../include");
-    println!("cargo:rerun-if-changed=csrc/shim.cpp");
-    println!("cargo:rerun-if-changed=csrc/shim.h");
+    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/shim.h"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
 
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .std("c++17")
         .file("csrc/shim.cpp")
+        .file("csrc/dist.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
-        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        // Gloo's headers come from Debian's libgloo-dev (scripts/setup.sh); its code is the copy
+        // built into libtorch_cpu.
+        .define("USE_C10D_GLOO", None)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
-        .warnings(false)
-        .compile("ringtrain_shim");
+        .warnings(false);
+    // NCCL: the CUDA and NCCL headers of the same Python environment (the CUDA ones completed by
+    // the cuda-toolkit[cccl,crt] wheel). Without them the shim builds with Gloo only.
+    let nvidia = lib.join("../../nvidia");
+    let (cuda_inc, nccl_inc) = (nvidia.join("cu13/include"), nvidia.join("nccl/include"));
+    if cuda_inc.join("nv/target").exists() && cuda_inc.join("crt/host_config.h").exists() && nccl_inc.join("nccl.h").exists() {
+        build.include(&cuda_inc).include(&nccl_inc).define("USE_C10D_NCCL", None).define("USE_CUDA", None).define("RT_WITH_NCCL", None);
+    } else {
+        println!("cargo:warning=CUDA/NCCL headers not found under {}: building without NCCL", nvidia.display());
+    }
+    build.compile("ringtrain_shim");
 
     let lib = lib.display();
     // The final link otherwise keeps only torch_cpu and c10, and CUDA would be silently absent.

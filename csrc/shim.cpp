@@ -4,21 +4,26 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/util/Logging.h>
 #include <torch/headeronly/version.h>
 
 #include <string>
 
+// The calling thread's last error message; dist.cpp reports through it too.
+thread_local std::string rt_error;
+
 namespace {
-thread_local std::string last_error;
 
 template <typename F>
 int guarded(F&& f) {
   try {
     return f();
+  } catch (const c10::Error& e) {
+    rt_error = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    last_error = e.what();
+    rt_error = e.what();
   } catch (...) {
-    last_error = "unknown C++ exception";
+    rt_error = "unknown C++ exception";
   }
   return -1;
 }
@@ -28,7 +33,12 @@ at::DeviceType device_type(int d) { return static_cast<at::DeviceType>(d); }
 
 extern "C" {
 
-const char* rt_last_error(void) { return last_error.c_str(); }
+const char* rt_last_error(void) { return rt_error.c_str(); }
+
+void rt_set_log_level(int level) {
+  FLAGS_caffe2_log_level = level;
+  c10::UpdateLoggingLevelsFromFlags();
+}
 
 int rt_autocast_set_enabled(int dev, int enabled) {
   return guarded([&] {
@@ -57,8 +67,11 @@ void rt_autocast_clear_cache(void) { at::autocast::clear_cache(); }
 rt_tensor* rt_to_channels_last(rt_tensor* t) {
   try {
     return new at::Tensor(t->contiguous(at::MemoryFormat::ChannelsLast));
+  } catch (const c10::Error& e) {
+    rt_error = e.what_without_backtrace();
+    return nullptr;
   } catch (const std::exception& e) {
-    last_error = e.what();
+    rt_error = e.what();
     return nullptr;
   }
 }

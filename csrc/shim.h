@@ -13,6 +13,8 @@ typedef void rt_tensor;
 #endif
 
 const char* rt_last_error(void);
+// libtorch's own log threshold (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL), as TORCH_CPP_LOG_LEVEL.
+void rt_set_log_level(int level);
 
 // Autocast through the non-deprecated per-device API. device_type uses c10::DeviceType values
 // (0 = CPU, 1 = CUDA); dtype uses c10::ScalarType values (5 = Half, 15 = BFloat16).
@@ -33,6 +35,22 @@ int rt_set_data_channels_last(rt_tensor* t);
 const char* rt_torch_version(void);
 int64_t rt_cuda_runtime_version(void);
 int64_t rt_cudnn_version(void);
+
+// ---- c10d (dist.cpp): TCPStore rendezvous + a Gloo or NCCL process group.
+typedef struct rt_pg rt_pg;
+typedef struct rt_work rt_work;
+int rt_nccl_available(void);
+// backend: "gloo" or "nccl". Rank 0 hosts the store on master_addr:port. Null on failure.
+rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int rank, int world,
+                 int64_t timeout_ms);
+void rt_pg_free(rt_pg* pg);
+// Collectives start asynchronously and return a work handle (null on failure);
+// rt_work_wait waits for it, frees it, and returns 0 or -1. op: 0 = sum, 1 = max, 2 = min.
+rt_work* rt_pg_allreduce(rt_pg* pg, rt_tensor* t, int op);
+rt_work* rt_pg_broadcast(rt_pg* pg, rt_tensor* t, int root);
+rt_work* rt_pg_allgather(rt_pg* pg, rt_tensor* out, rt_tensor* in);  // out: [world, *in.shape]
+rt_work* rt_pg_barrier(rt_pg* pg);
+int rt_work_wait(rt_work* w);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@ fn main() -> anyhow::Result<()> {
     let folder = ImageFolder::scan(root.as_ref(), "DIR")?;
     let t = Transform::Train { size, scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0), hflip: true };
     let loader =
-        Loader::new(folder.samples, t, LoaderOptions { batch_size: 64, shuffle: true, drop_last: true, seed: 0, workers, prefetch: 4, skip_unreadable: false })?;
+        Loader::new(folder.samples, t, LoaderOptions { batch_size: 64, shuffle: true, drop_last: true, seed: 0, workers, prefetch: 4, skip_unreadable: false, shard: None })?;
     let (mut n, mut t0) = (0usize, None);
     for epoch in 0..2 {
         for b in loader.epoch(epoch) {

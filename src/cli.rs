@@ -8,6 +8,9 @@ use serde::Serialize;
 
 use crate::config::{self, OptimizerKind, SchedKind, TrainConfig};
 use crate::data::demo;
+use crate::dist::env as dist_env;
+use crate::dist::launcher::{self, LaunchSpec};
+use crate::dist::DistSetup;
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transform::Transform;
@@ -87,10 +90,42 @@ struct PredictArgs {
     workers: Option<usize>,
 }
 
+/// How many processes, and how they meet. Not part of the saved config: a run's result does not
+/// depend on how it was launched, only on the global batch.
+#[derive(Args, Default, Clone)]
+struct DistArgs {
+    /// Workers on this node [visible GPUs when training on CUDA, else 1].
+    #[arg(long)]
+    nproc_per_node: Option<usize>,
+    /// Nodes in the job (run the same command on each, with its --node-rank).
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+    /// Address of the node of rank 0 [127.0.0.1 on one node].
+    #[arg(long)]
+    master_addr: Option<String>,
+    /// Rendezvous port on the master [a free port on one node, 29500 across nodes].
+    #[arg(long)]
+    master_port: Option<u16>,
+    /// CUDA devices for the local ranks, e.g. 1,3 (indices among the visible ones).
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<usize>>,
+    /// Seconds a collective or the rendezvous may take before it is an error [1800].
+    #[arg(long, default_value_t = 1800)]
+    dist_timeout: u64,
+    /// Gradient all-reduce bucket size in MB [25].
+    #[arg(long, default_value_t = 25.0)]
+    bucket_mb: f64,
+}
+
 /// Flags given on the command line; only those present override the config file.
 #[serde_with::skip_serializing_none]
 #[derive(Args, Serialize, Default)]
 struct TrainArgs {
+    #[command(flatten)]
+    #[serde(skip)]
+    dist: DistArgs,
     /// TOML file with any of the options below (flag names with '_' for '-').
     #[arg(long)]
     #[serde(skip)]
@@ -238,7 +273,7 @@ fn demo(args: &DemoArgs) -> Result<()> {
         log_every: 25,
         ..Default::default()
     };
-    let summary = crate::train::run(&cfg)?;
+    let summary = crate::train::run(&cfg, None)?;
     say!("\nclassification report (best epoch {}):\n{}", summary.best_epoch, summary.report.to_text());
     Ok(())
 }
@@ -265,11 +300,11 @@ fn eval(args: &EvalArgs) -> Result<()> {
     let loader = Loader::new(
         folder.samples,
         Transform::Eval { size: state.img_size, resize: state.eval_resize },
-        LoaderOptions { batch_size: args.batch_size, shuffle: false, drop_last: false, seed: 0, workers: workers(args.workers), prefetch: 4, skip_unreadable: true },
+        LoaderOptions { batch_size: args.batch_size, shuffle: false, drop_last: false, seed: 0, workers: workers(args.workers), prefetch: 4, skip_unreadable: true, shard: None },
     )?;
     let mean = [state.mean[0], state.mean[1], state.mean[2]];
     let std = [state.std[0], state.std[1], state.std[2]];
-    let ev = evaluate(&model, &loader, device, mean, std)?;
+    let ev = evaluate(&model, &loader, device, mean, std, None)?;
     for (p, e) in &ev.skipped {
         eprintln!("warning: skipped unreadable image {}: {e}", p.display());
     }
@@ -322,6 +357,86 @@ fn predict(args: &PredictArgs) -> Result<()> {
     Ok(())
 }
 
+enum Setup {
+    /// Start the workers of this node and wait for them.
+    Launch(LaunchSpec),
+    /// One rank of a job (launched by us, torchrun, srun or mpirun).
+    Worker(DistSetup),
+    Single,
+}
+
+fn dist_setup(a: &DistArgs, cfg: &TrainConfig) -> Result<Setup> {
+    let timeout = std::time::Duration::from_secs(a.dist_timeout.max(1));
+    if !(a.bucket_mb > 0.0) {
+        return Err(user_error(format!("--bucket-mb must be positive, got {}", a.bucket_mb)));
+    }
+    if let Some(mut env) = dist_env::from_process_env()? {
+        if let Some(addr) = &a.master_addr {
+            env.master_addr = addr.clone();
+        }
+        if let Some(port) = a.master_port {
+            env.master_port = port;
+        }
+        return Ok(Setup::Worker(DistSetup { env, timeout, bucket_mb: a.bucket_mb }));
+    }
+    if std::env::var_os(launcher::LAUNCHED_VAR).is_some() {
+        return Err(user_error("launched as a worker but RANK/WORLD_SIZE are missing"));
+    }
+    let cuda = config::resolve_device(&cfg.device)?.is_cuda();
+    let gpus = tch::Cuda::device_count() as usize;
+    let nproc = match a.nproc_per_node {
+        Some(0) => return Err(user_error("--nproc-per-node must be at least 1")),
+        Some(n) => n,
+        None if cuda => gpus.max(1),
+        None => 1,
+    };
+    if cuda && a.devices.is_none() && nproc > gpus {
+        return Err(user_error(format!("--nproc-per-node {nproc} is more than the {gpus} visible GPUs (NCCL needs one GPU per rank)")));
+    }
+    if let Some(d) = &a.devices {
+        if d.len() != nproc {
+            return Err(user_error(format!("--devices lists {} devices for {nproc} local ranks", d.len())));
+        }
+        if let Some(bad) = d.iter().find(|&&i| cuda && i >= gpus) {
+            return Err(user_error(format!("--devices: no CUDA device {bad} ({gpus} visible)")));
+        }
+    }
+    if a.nnodes == 0 || a.node_rank >= a.nnodes {
+        return Err(user_error(format!("--node-rank {} must be less than --nnodes {}", a.node_rank, a.nnodes)));
+    }
+    if nproc == 1 && a.nnodes == 1 {
+        return Ok(Setup::Single);
+    }
+    if a.nnodes > 1 && a.master_addr.is_none() {
+        return Err(user_error("--nnodes > 1 needs --master-addr (the address of node 0)"));
+    }
+    let master_port = match a.master_port {
+        Some(p) => p,
+        None if a.nnodes == 1 => launcher::free_port()?,
+        None => dist_env::DEFAULT_MASTER_PORT,
+    };
+    Ok(Setup::Launch(LaunchSpec {
+        nproc_per_node: nproc,
+        nnodes: a.nnodes,
+        node_rank: a.node_rank,
+        master_addr: a.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+        master_port,
+        devices: a.devices.clone(),
+    }))
+}
+
+/// The launcher's exit code, passed through `main` without another message.
+#[derive(Debug)]
+struct ExitCode(i32);
+
+impl std::fmt::Display for ExitCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "workers failed (exit code {})", self.0)
+    }
+}
+
+impl std::error::Error for ExitCode {}
+
 fn version() -> String {
     let mut s = format!("ringtrain {}\nlibtorch {}", env!("CARGO_PKG_VERSION"), shim::torch_version());
     match shim::cuda_version() {
@@ -343,7 +458,17 @@ fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Some(Command::Train(args)) => {
             let cfg = train_config(&args)?;
-            let summary = crate::train::run(&cfg)?;
+            let dist = match dist_setup(&args.dist, &cfg)? {
+                Setup::Launch(spec) => {
+                    cfg.validate()?; // reject bad input once, before starting any worker
+                    let argv: Vec<String> = std::env::args().skip(1).collect();
+                    let code = launcher::launch(&spec, &argv)?;
+                    return if code == 0 { Ok(()) } else { Err(anyhow::Error::new(ExitCode(code))) };
+                }
+                Setup::Worker(d) => Some(d),
+                Setup::Single => None,
+            };
+            let summary = crate::train::run(&cfg, dist.as_ref())?;
             say!("\nclassification report (best epoch {}):\n{}", summary.best_epoch, summary.report.to_text());
             Ok(())
         }
@@ -357,8 +482,12 @@ fn dispatch(cli: Cli) -> Result<()> {
 /// Runs the CLI; returns the process exit code (2 for user mistakes, 1 for other failures).
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() {
+        shim::set_torch_log_level(3);
+    }
     match dispatch(cli) {
         Ok(()) => 0,
+        Err(e) if e.is::<ExitCode>() => e.downcast_ref::<ExitCode>().map(|c| c.0).unwrap_or(1),
         Err(e) if is_user_error(&e) => {
             eprintln!("error: {e}");
             2

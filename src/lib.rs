@@ -7,6 +7,7 @@ pub mod atomic;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod error;
 pub mod model;
 pub mod predict;

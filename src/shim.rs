@@ -9,6 +9,7 @@ mod ffi {
     use super::*;
     extern "C" {
         pub fn rt_last_error() -> *const c_char;
+        pub fn rt_set_log_level(level: c_int);
         pub fn rt_autocast_set_enabled(device_type: c_int, enabled: c_int) -> c_int;
         pub fn rt_autocast_is_enabled(device_type: c_int) -> c_int;
         pub fn rt_autocast_set_dtype(device_type: c_int, dtype: c_int) -> c_int;
@@ -21,6 +22,11 @@ mod ffi {
         pub fn rt_cuda_runtime_version() -> i64;
         pub fn rt_cudnn_version() -> i64;
     }
+}
+
+/// The message of the shim's last failure on this thread.
+pub fn last_error_message() -> String {
+    last_error()
 }
 
 fn last_error() -> String {
@@ -114,6 +120,12 @@ pub fn var_store_to_channels_last(vs: &tch::nn::VarStore) -> Result<()> {
         check(unsafe { ffi::rt_set_data_channels_last(t.as_ptr() as *mut torch_sys::C_tensor) })?;
     }
     Ok(())
+}
+
+/// Sets libtorch's C++ log threshold (0 INFO .. 3 FATAL). ringtrain reports failures itself, so
+/// by default it silences libtorch's own log lines unless TORCH_CPP_LOG_LEVEL asks for them.
+pub fn set_torch_log_level(level: i32) {
+    unsafe { ffi::rt_set_log_level(level) }
 }
 
 pub fn torch_version() -> String {

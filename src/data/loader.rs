@@ -38,7 +38,19 @@ pub struct Loader {
     seed: u64,
     prefetch: usize,
     skip_unreadable: bool,
+    shard: Option<Shard>,
     pool: Arc<rayon::ThreadPool>,
+}
+
+/// This rank's part of every epoch, as PyTorch's DistributedSampler: the epoch's permutation
+/// (the same on all ranks), padded by repetition to a multiple of `world` when `pad` (training:
+/// equal shards), then every `world`-th sample from `rank`. Without `pad` (validation) shards
+/// may differ by one and no sample is counted twice.
+#[derive(Debug, Clone, Copy)]
+pub struct Shard {
+    pub rank: usize,
+    pub world: usize,
+    pub pad: bool,
 }
 
 /// SplitMix64 finaliser: decorrelates nearby (seed, epoch, index) triples.
@@ -62,6 +74,8 @@ pub struct LoaderOptions {
     pub prefetch: usize,
     /// Leave out (and report in `Batch::skipped`) images that fail to decode, instead of failing.
     pub skip_unreadable: bool,
+    /// Under data parallelism: this rank's shard.
+    pub shard: Option<Shard>,
 }
 
 impl Loader {
@@ -80,6 +94,7 @@ impl Loader {
             seed: o.seed,
             prefetch: o.prefetch.max(1),
             skip_unreadable: o.skip_unreadable,
+            shard: o.shard,
             pool: Arc::new(pool),
         })
     }
@@ -88,8 +103,18 @@ impl Loader {
         self.samples.len()
     }
 
-    pub fn batches_per_epoch(&self) -> usize {
+    /// Samples this rank sees per epoch.
+    pub fn shard_len(&self) -> usize {
         let n = self.samples.len();
+        match self.shard {
+            None => n,
+            Some(Shard { world, pad: true, .. }) => n.div_ceil(world),
+            Some(Shard { rank, world, pad: false }) => (n + world - 1 - rank) / world,
+        }
+    }
+
+    pub fn batches_per_epoch(&self) -> usize {
+        let n = self.shard_len();
         if self.drop_last {
             n / self.batch_size
         } else {
@@ -97,13 +122,24 @@ impl Loader {
         }
     }
 
-    /// The sample order of an epoch: a seeded permutation, or the folder order.
+    /// This rank's sample order for an epoch: a seeded permutation (or the folder order),
+    /// then its shard.
     pub fn order(&self, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.samples.len()).collect();
         if self.shuffle {
             order.shuffle(&mut sample_rng(self.seed, epoch, u64::MAX));
         }
-        order
+        match self.shard {
+            None => order,
+            Some(Shard { rank, world, pad }) => {
+                if pad && !order.is_empty() {
+                    let total = order.len().div_ceil(world) * world;
+                    let extra: Vec<usize> = order.iter().cycle().take(total - order.len()).copied().collect();
+                    order.extend(extra);
+                }
+                order.into_iter().skip(rank).step_by(world).collect()
+            }
+        }
     }
 
     /// Starts producing the batches of `epoch`; iterate the result to consume them.
@@ -214,7 +250,7 @@ mod tests {
     fn batches_do_not_depend_on_worker_count() {
         let (_d, samples) = folder(5);
         let t = Transform::Train { size: 8, scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0), hflip: true };
-        let opts = |workers| LoaderOptions { batch_size: 4, shuffle: true, drop_last: false, seed: 7, workers, prefetch: 2, skip_unreadable: false };
+        let opts = |workers| LoaderOptions { batch_size: 4, shuffle: true, drop_last: false, seed: 7, workers, prefetch: 2, skip_unreadable: false, shard: None };
         let a = Loader::new(samples.clone(), t.clone(), opts(1)).unwrap();
         let b = Loader::new(samples, t, opts(3)).unwrap();
         let (ea, eb) = (collect(&a, 0), collect(&b, 0));
@@ -231,7 +267,7 @@ mod tests {
         let l = Loader::new(
             samples,
             t,
-            LoaderOptions { batch_size: 4, shuffle: false, drop_last: true, seed: 0, workers: 2, prefetch: 1, skip_unreadable: false },
+            LoaderOptions { batch_size: 4, shuffle: false, drop_last: true, seed: 0, workers: 2, prefetch: 1, skip_unreadable: false, shard: None },
         )
         .unwrap();
         let e = collect(&l, 0);
@@ -246,7 +282,7 @@ mod tests {
         let bad = d.path().join("bad.png");
         std::fs::write(&bad, b"truncated").unwrap();
         samples.insert(1, (bad.clone(), 0));
-        let opts = |skip| LoaderOptions { batch_size: 10, shuffle: false, drop_last: false, seed: 0, workers: 2, prefetch: 1, skip_unreadable: skip };
+        let opts = |skip| LoaderOptions { batch_size: 10, shuffle: false, drop_last: false, seed: 0, workers: 2, prefetch: 1, skip_unreadable: skip, shard: None };
         let t = Transform::Eval { size: 8, resize: 8 };
         let l = Loader::new(samples.clone(), t.clone(), opts(true)).unwrap();
         let b = l.epoch(0).next().unwrap().unwrap();
@@ -257,5 +293,26 @@ mod tests {
         let l = Loader::new(samples, t, opts(false)).unwrap();
         let e = format!("{:#}", l.epoch(0).next().unwrap().err().unwrap());
         assert!(e.contains("bad.png"), "{e}");
+    }
+
+    #[test]
+    fn shards_partition_the_epoch_like_distributed_sampler() {
+        let samples: Vec<(PathBuf, usize)> = (0..10).map(|i| (PathBuf::from(format!("{i}")), 0)).collect();
+        let t = Transform::Eval { size: 8, resize: 8 };
+        let make = |shard| {
+            Loader::new(samples.clone(), t.clone(), LoaderOptions { batch_size: 2, shuffle: true, drop_last: false, seed: 3, workers: 1, prefetch: 1, skip_unreadable: false, shard }).unwrap()
+        };
+        let full = make(None).order(5);
+        let shards: Vec<Vec<usize>> = (0..3).map(|r| make(Some(Shard { rank: r, world: 3, pad: true })).order(5)).collect();
+        // Padded to 12: equal shards of 4, interleaved from the one permutation, the first two repeated.
+        assert!(shards.iter().all(|s| s.len() == 4));
+        assert_eq!(shards[0], vec![full[0], full[3], full[6], full[9]]);
+        assert_eq!(shards[1], vec![full[1], full[4], full[7], full[0]]);
+        let unpadded: Vec<Vec<usize>> = (0..3).map(|r| make(Some(Shard { rank: r, world: 3, pad: false })).order(5)).collect();
+        let mut all: Vec<usize> = unpadded.concat();
+        all.sort();
+        assert_eq!(all, (0..10).collect::<Vec<_>>(), "validation shards count every sample exactly once");
+        assert_eq!(make(Some(Shard { rank: 2, world: 3, pad: false })).shard_len(), 3);
+        assert_eq!(make(Some(Shard { rank: 0, world: 3, pad: false })).shard_len(), 4);
     }
 }

@@ -1,6 +1,7 @@
 //! Models by name, with torchvision's parameter and buffer names, and their state_dict as
 //! safetensors (so PyTorch can `load_state_dict` ours and we can load theirs).
 pub mod alexnet;
+pub mod lenet;
 pub mod resnet;
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,7 +15,7 @@ use resnet::{Block, ResNetSpec};
 
 /// Names accepted by `--model`.
 pub const MODEL_NAMES: &[&str] =
-    &["resnet18", "resnet34", "resnet50", "resnet101", "alexnet", "resnet18-cifar", "resnet10-tiny"];
+    &["resnet18", "resnet34", "resnet50", "resnet101", "alexnet", "resnet18-cifar", "resnet10-tiny", "lenet5"];
 
 fn spec(name: &str) -> Option<ResNetSpec> {
     let imagenet = [64, 128, 256, 512];
@@ -47,6 +48,7 @@ impl Model {
         let root = vs.root();
         let net = match name {
             "alexnet" => alexnet::alexnet(&root, num_classes),
+            "lenet5" => lenet::lenet5(&root, num_classes),
             _ => match spec(name) {
                 Some(s) => resnet::resnet(&root, &s, num_classes),
                 None => bail!("unknown model '{name}' (expected one of: {})", MODEL_NAMES.join(", ")),

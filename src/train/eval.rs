@@ -4,6 +4,7 @@ use anyhow::Result;
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::data::{loader::Loader, normalize_on_device};
+use crate::dist::process_group::{ProcessGroup, ReduceOp};
 use crate::model::Model;
 
 #[derive(Debug, Clone, Default)]
@@ -17,7 +18,9 @@ pub struct EvalResult {
     pub skipped: Vec<(std::path::PathBuf, String)>,
 }
 
-pub fn evaluate(model: &Model, loader: &Loader, device: Device, mean: [f64; 3], std: [f64; 3]) -> Result<EvalResult> {
+/// Evaluates this process's shard of `loader`; with a process group, the sums and every
+/// prediction are combined over ranks, so each sample counts exactly once.
+pub fn evaluate(model: &Model, loader: &Loader, device: Device, mean: [f64; 3], std: [f64; 3], pg: Option<&ProcessGroup>) -> Result<EvalResult> {
     let mut loss_sum = 0.0;
     let mut top5 = 0i64;
     let (mut targets, mut preds, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
@@ -40,7 +43,29 @@ pub fn evaluate(model: &Model, loader: &Loader, device: Device, mean: [f64; 3], 
         }
         Ok(())
     })?;
+    if let Some(pg) = pg {
+        let sums = Tensor::from_slice(&[loss_sum, top5 as f64]);
+        pg.all_reduce(&sums, ReduceOp::Sum)?;
+        let v = Vec::<f64>::try_from(&sums)?;
+        (loss_sum, top5) = (v[0], v[1] as i64);
+        targets = gather_i64(pg, &targets)?;
+        preds = gather_i64(pg, &preds)?;
+    }
     let n = targets.len().max(1) as f64;
     let correct = targets.iter().zip(&preds).filter(|(t, p)| t == p).count();
     Ok(EvalResult { loss: loss_sum / n, top1: correct as f64 / n, top5: top5 as f64 / n, targets, preds, skipped })
+}
+
+/// Every rank's values, concatenated in rank order (shards may differ in length).
+fn gather_i64(pg: &ProcessGroup, values: &[i64]) -> Result<Vec<i64>> {
+    let len = Tensor::from_slice(&[values.len() as i64]);
+    pg.all_reduce(&len, ReduceOp::Max)?;
+    let max = len.int64_value(&[0]);
+    let padded = Tensor::full([max], -1i64, (Kind::Int64, Device::Cpu));
+    if !values.is_empty() {
+        padded.narrow(0, 0, values.len() as i64).copy_(&Tensor::from_slice(values));
+    }
+    let out = Tensor::zeros([pg.world_size as i64, max], (Kind::Int64, Device::Cpu));
+    pg.all_gather(&out, &padded)?;
+    Ok(Vec::<i64>::try_from(out.flatten(0, -1))?.into_iter().filter(|&v| v >= 0).collect())
 }

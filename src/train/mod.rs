@@ -10,14 +10,20 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use rand::seq::SliceRandom;
-use tch::{Kind, Reduction, Tensor};
+use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::atomic;
 use crate::config::{resolve_device, TrainConfig};
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{sample_rng, Loader, LoaderOptions};
 use crate::data::normalize_on_device;
+use crate::data::loader::Shard;
 use crate::data::transform::Transform;
+use crate::dist::ddp::Ddp;
+use crate::dist::launcher::DEVICE_VAR;
+use crate::dist::process_group::{nccl_available, Backend, ProcessGroup, ReduceOp};
+use crate::dist::DistSetup;
+use crate::error::user_error;
 use crate::model::Model;
 use crate::report::classification::ClassificationReport;
 use crate::report::metrics_csv::{self, EpochRow};
@@ -61,9 +67,32 @@ fn fmt_duration(s: f64) -> String {
     }
 }
 
-pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
+/// Trains as described by `cfg`: alone, or as one rank of a data-parallel job (`dist`).
+pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     cfg.validate()?;
-    let device = resolve_device(&cfg.device)?;
+    let mut device = resolve_device(&cfg.device)?;
+    let (rank, world, local_world) = dist.map(|d| (d.env.rank, d.env.world_size, d.env.local_world_size)).unwrap_or((0, 1, 1));
+    if let (Device::Cuda(_), Some(d)) = (device, dist) {
+        // Each worker pins itself to GPU local_rank, or to the one `--devices` gave it.
+        let idx = std::env::var(DEVICE_VAR).ok().and_then(|v| v.parse().ok()).unwrap_or(d.env.local_rank);
+        if idx as i64 >= tch::Cuda::device_count() {
+            return Err(user_error(format!("rank {rank} needs CUDA device {idx}, but {} are visible", tch::Cuda::device_count())));
+        }
+        device = Device::Cuda(idx);
+    }
+    let is_main = rank == 0;
+    if !is_main {
+        crate::report::progress::set_quiet(true); // only rank 0 reports; errors still go to stderr
+    }
+    if cfg.batch_size % world != 0 {
+        return Err(user_error(format!("--batch-size {} (the global batch) must be divisible by the world size {world}", cfg.batch_size)));
+    }
+    let batch = cfg.batch_size / world;
+    if local_world > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        // As torchrun does: ranks of a node share its cores instead of each taking all of them.
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        tch::set_num_threads((cores / local_world).max(1) as i32);
+    }
     if device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
@@ -81,8 +110,11 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
         }
         None => split_stratified(&train_folder, cfg.val_split, cfg.seed),
     };
-    let workers = cfg.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+    // The node's cores are shared among its ranks.
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let workers = cfg.workers.unwrap_or((cores / local_world).max(1));
     let n_train = train_samples.len();
+    let shard = |pad| (world > 1).then_some(Shard { rank, world, pad });
     let train_loader = Loader::new(
         train_samples,
         Transform::Train {
@@ -92,36 +124,70 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
             hflip: cfg.hflip,
         },
         // A last batch of one image would break BatchNorm's training statistics: drop only that.
+        // Padded shards are equal, so every rank takes the same number of steps.
         LoaderOptions {
-            batch_size: cfg.batch_size,
+            batch_size: batch,
             shuffle: true,
-            drop_last: n_train % cfg.batch_size == 1,
+            drop_last: n_train.div_ceil(world) % batch == 1,
             seed: cfg.seed,
             workers,
             prefetch: cfg.prefetch,
             skip_unreadable: false,
+            shard: shard(true),
         },
     )?;
     let val_loader = Loader::new(
         val_samples,
         Transform::Eval { size: cfg.img_size, resize: cfg.eval_resize() },
-        LoaderOptions { batch_size: cfg.batch_size, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch, skip_unreadable: false },
+        LoaderOptions { batch_size: batch, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch, skip_unreadable: false, shard: shard(false) },
     )?;
 
-    // ---- run directory
+    // ---- run directory: rank 0 alone writes
     let run_dir = cfg.out.clone();
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating --out {}", run_dir.display()))?;
-    atomic::write_file(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+    let mut tb = None;
+    if is_main {
+        std::fs::create_dir_all(&run_dir).with_context(|| format!("creating --out {}", run_dir.display()))?;
+        atomic::write_file(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        let mut w = EventWriter::create(&run_dir)?;
+        w.text("config", &format!("```toml\n{}\n```", cfg.to_toml()?), 0)?;
+        tb = Some(w);
+    }
 
     // ---- model, optimizer, schedule
     let mut model = Model::new(&cfg.model, classes.len() as i64, device)?;
     let mut opt = optim::build(cfg, &model.vs)?;
     let params = model.vs.trainable_variables();
+    let buffers: Vec<Tensor> = {
+        let vars = model.vs.variables();
+        let mut names: Vec<&String> = vars.keys().filter(|k| !vars[*k].requires_grad()).collect();
+        names.sort();
+        names.into_iter().map(|k| vars[k].shallow_clone()).collect()
+    };
+
+    // ---- data parallelism: rendezvous, then every replica starts from rank 0's state
+    let ddp = match dist {
+        Some(d) => {
+            let backend = if device.is_cuda() && nccl_available() { Backend::Nccl } else { Backend::Gloo };
+            let pg = ProcessGroup::new(backend, &d.env.master_addr, d.env.master_port, rank, world, d.timeout)?;
+            let ddp = Ddp::new(pg, &params, d.bucket_mb);
+            ddp.broadcast_state(&model.vs)?;
+            say!(
+                "distributed: {world} ranks ({}), {backend:?}, master {}:{}, global batch {} = {world} × {batch}, {} gradient buckets of ≤ {} MB",
+                d.env.source,
+                d.env.master_addr,
+                d.env.master_port,
+                cfg.batch_size,
+                ddp.num_buckets(),
+                d.bucket_mb
+            );
+            Some(ddp)
+        }
+        None => None,
+    };
+    let pg = ddp.as_ref().map(|d| &d.pg);
     let steps_per_epoch = train_loader.batches_per_epoch();
     let sched = schedule::LrSchedule::new(cfg, steps_per_epoch);
     let (mean, std) = (cfg.mean3(), cfg.std3());
-    let mut tb = EventWriter::create(&run_dir)?;
-    tb.text("config", &format!("```toml\n{}\n```", cfg.to_toml()?), 0)?;
     say!(
         "ringtrain: {} ({:.1}M parameters) on {:?}, {} classes, {} train / {} val images, {} steps per epoch, {} data workers",
         cfg.model,
@@ -152,10 +218,16 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
             let y = batch.labels.to_device(device);
             lr = sched.lr_at(global_step);
             opt.set_lr(lr);
+            if let Some(ddp) = ddp.as_ref().filter(|_| world > 1) {
+                ddp.broadcast_buffers(&buffers)?;
+            }
             let logits = model.forward(&x, true);
             let loss = logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, cfg.label_smoothing);
             opt.zero_grad();
             loss.backward();
+            if let Some(ddp) = &ddp {
+                ddp.all_reduce_grads(&params)?;
+            }
             if let Some(max_norm) = cfg.clip_grad_norm {
                 let _ = optim::clip_grad_norm(&params, max_norm);
             }
@@ -169,20 +241,27 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
                 correct += logits.argmax(-1, false).eq_tensor(&y).sum(Kind::Int64);
             });
             let loss_now = progress.wants_loss(i + 1).then(|| loss.double_value(&[]));
-            if let Some(l) = loss_now {
+            if let (Some(l), Some(tb)) = (loss_now, tb.as_mut()) {
                 // The 0-based index of the step just taken, as `epoch * len(loader) + i` in PyTorch scripts.
                 tb.scalar("train/loss", l, global_step as i64 - 1)?;
                 tb.scalar("train/lr", lr, global_step as i64 - 1)?;
             }
-            progress.update(i + 1, seen, loss_now, lr);
+            progress.update(i + 1, seen * world, loss_now, lr);
         }
         progress.finish();
         let train_secs = t0.elapsed().as_secs_f64();
-        let n = seen.max(1) as f64;
-        let (train_loss, train_top1) = (loss_sum.double_value(&[]) / n, correct.int64_value(&[]) as f64 / n);
+        // Epoch statistics over all ranks (padding repeats count as seen, as in DDP).
+        let totals = Tensor::from_slice(&[loss_sum.double_value(&[]), correct.int64_value(&[]) as f64, seen as f64]);
+        if let Some(pg) = pg {
+            pg.all_reduce(&totals, ReduceOp::Sum)?;
+        }
+        let t = Vec::<f64>::try_from(&totals)?;
+        let n = t[2].max(1.0);
+        let (train_loss, train_top1) = (t[0] / n, t[1] / n);
+        let seen = t[2] as usize;
 
         // ---- validate
-        let ev = eval::evaluate(&model, &val_loader, device, mean, std)?;
+        let ev = eval::evaluate(&model, &val_loader, device, mean, std, pg)?;
         let row = EpochRow {
             epoch: epoch + 1,
             train_loss,
@@ -216,15 +295,16 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
             best_epoch: Some(best_epoch),
             config: cfg.clone(),
         };
-        checkpoint::save(&run_dir.join("last"), &model, &state)?;
-        if improved {
-            checkpoint::save(&run_dir.join("best"), &model, &state)?;
-        }
         rows.push(row.clone());
-        metrics_csv::write(&run_dir.join("metrics.csv"), &rows)?;
-        plots::training_curves(&run_dir.join("curves.png"), &rows)?;
-        let e = (epoch + 1) as i64;
-        for (tag, v) in [
+        if let Some(tb) = tb.as_mut() {
+            checkpoint::save(&run_dir.join("last"), &model, &state)?;
+            if improved {
+                checkpoint::save(&run_dir.join("best"), &model, &state)?;
+            }
+            metrics_csv::write(&run_dir.join("metrics.csv"), &rows)?;
+            plots::training_curves(&run_dir.join("curves.png"), &rows)?;
+            let e = (epoch + 1) as i64;
+            for (tag, v) in [
             ("epoch/train_loss", train_loss),
             ("epoch/train_top1", train_top1),
             ("epoch/val_loss", ev.loss),
@@ -233,10 +313,11 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
             ("epoch/lr", lr),
             ("epoch/images_per_s", row.images_per_s),
             ("epoch/seconds", row.seconds),
-        ] {
-            tb.scalar(tag, v, e)?;
+            ] {
+                tb.scalar(tag, v, e)?;
+            }
+            tb.flush()?;
         }
-        tb.flush()?;
         say!(
             "epoch {}/{} {} | train loss {:.4} top1 {:.2}% | val loss {:.4} top1 {:.2}% top5 {:.2}% | lr {:.5} | {:.0} img/s | best {:.2}% (epoch {})",
             epoch + 1,
@@ -255,7 +336,11 @@ pub fn run(cfg: &TrainConfig) -> Result<RunSummary> {
     }
     let (best_epoch, best_ev) = best.expect("epochs >= 1");
     let best_val_top1 = best_ev.top1;
-    let report = write_evaluation(&run_dir, &classes, &best_ev, &format!("{} — validation, best epoch {best_epoch}", cfg.model))?;
+    let report = if is_main {
+        write_evaluation(&run_dir, &classes, &best_ev, &format!("{} — validation, best epoch {best_epoch}", cfg.model))?
+    } else {
+        ClassificationReport::new(&classes, &best_ev.targets, &best_ev.preds)
+    };
     say!(
         "done in {}: best val top1 {:.2}% at epoch {}; run directory {}",
         fmt_duration(run_start.elapsed().as_secs_f64()),

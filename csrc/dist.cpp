@@ -1,0 +1,167 @@
+// c10d from Rust: PyTorch's own rendezvous (TCPStore) and process groups (Gloo for CPU tensors,
+// NCCL for CUDA tensors). No collective is implemented here; each function forwards to c10d.
+//
+// Bootstrap, as torch.distributed.init_process_group(init_method="env://") does it:
+//  - rank 0 runs the TCPStore server on master_addr:port and waits for world_size clients; the
+//    others connect to it, retrying until the timeout (a dead or unreachable master is an error
+//    after `timeout_ms`, not a hang). Under torchrun the agent already serves the store on that
+//    port (TORCHELASTIC_USE_AGENT_STORE=True): then every rank is a client, as in PyTorch.
+//  - Keys live under a "ringtrain/" prefix, apart from the agent's own.
+//  - Gloo needs a network device to bind: GLOO_SOCKET_IFNAME if set (as in PyTorch), loopback when
+//    the master is local, otherwise the address this host's name resolves to.
+//  - NCCL: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless the user set it, so a dead peer or a timeout
+//    aborts the communicator and surfaces as an error in wait(), instead of a hang.
+#include "shim.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef RT_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+extern thread_local std::string rt_error;  // defined in shim.cpp
+
+struct rt_pg {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+struct rt_work {
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+namespace {
+template <typename F>
+auto guard(F&& f, decltype(f()) on_error) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    rt_error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    rt_error = e.what();
+  } catch (...) {
+    rt_error = "unknown C++ exception";
+  }
+  return on_error;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+c10d::ReduceOp reduce_op(int op) {
+  switch (op) {
+    case 1: return c10d::ReduceOp::MAX;
+    case 2: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::SUM;
+  }
+}
+}  // namespace
+
+extern "C" {
+
+int rt_nccl_available(void) {
+#ifdef RT_WITH_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int rank, int world,
+                 int64_t timeout_ms) {
+  return guard([&]() -> rt_pg* {
+    const auto timeout = std::chrono::milliseconds(timeout_ms);
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(port);
+    const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    const bool agent = agent_store && std::string(agent_store) == "True";
+    so.isServer = rank == 0 && !agent;
+    so.numWorkers = world;
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    auto pg = std::make_unique<rt_pg>();
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(master_addr, so);
+    pg->store = c10::make_intrusive<c10d::PrefixStore>("ringtrain", tcp);
+    const std::string name(backend);
+    if (name == "gloo") {
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      if (ifname && *ifname) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      } else if (is_loopback(master_addr)) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      pg->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(pg->store, rank, world, opts);
+    } else if (name == "nccl") {
+#ifdef RT_WITH_NCCL
+      setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      pg->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg->store, rank, world, opts);
+#else
+      throw std::runtime_error("this build of ringtrain has no NCCL support");
+#endif
+    } else {
+      throw std::runtime_error("unknown backend " + name);
+    }
+    return pg.release();
+  }, nullptr);
+}
+
+void rt_pg_free(rt_pg* pg) {
+  if (!pg) return;
+  try {
+    pg->backend->shutdown();
+  } catch (...) {
+  }
+  delete pg;
+}
+
+rt_work* rt_pg_allreduce(rt_pg* pg, at::Tensor* t, int op) {
+  return guard([&]() -> rt_work* {
+    std::vector<at::Tensor> ts{*t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = reduce_op(op);
+    return new rt_work{pg->backend->allreduce(ts, o)};
+  }, nullptr);
+}
+
+rt_work* rt_pg_broadcast(rt_pg* pg, at::Tensor* t, int root) {
+  return guard([&]() -> rt_work* {
+    std::vector<at::Tensor> ts{*t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    return new rt_work{pg->backend->broadcast(ts, o)};
+  }, nullptr);
+}
+
+rt_work* rt_pg_allgather(rt_pg* pg, at::Tensor* out, at::Tensor* in) {
+  return guard([&]() -> rt_work* {
+    // out is [world, *in.shape]; its slices are the per-rank outputs.
+    std::vector<std::vector<at::Tensor>> outs{out->unbind(0)};
+    std::vector<at::Tensor> ins{*in};
+    return new rt_work{pg->backend->allgather(outs, ins)};
+  }, nullptr);
+}
+
+rt_work* rt_pg_barrier(rt_pg* pg) {
+  return guard([&]() -> rt_work* { return new rt_work{pg->backend->barrier()}; }, nullptr);
+}
+
+int rt_work_wait(rt_work* w) {
+  int rc = guard([&]() -> int { return w->work->wait() ? 0 : -1; }, -1);
+  delete w;
+  return rc;
+}
+
+}  // extern "C"

@@ -1,0 +1,135 @@
+//! Data parallelism with DistributedDataParallel's semantics, on c10d collectives:
+//! - start: every parameter and buffer is broadcast from rank 0, so all replicas start equal;
+//! - before each training forward: BatchNorm buffers are broadcast from rank 0
+//!   (DDP's `broadcast_buffers=True`);
+//! - after backward: gradients are averaged over ranks by bucketed all-reduce. Buckets hold about
+//!   `bucket_mb` MB of gradients, in reverse parameter order (the order backward produces them);
+//!   all buckets are started before the first is waited for.
+//!
+//! What PyTorch's reducer does and this does not (yet): it launches each bucket's all-reduce from
+//! autograd hooks while backward still runs, overlapping communication with computation. Here the
+//! all-reduces start after backward has finished, so communication time adds to the step.
+use anyhow::Result;
+use tch::{nn, Kind, Tensor};
+
+use super::process_group::{ProcessGroup, ReduceOp};
+
+pub struct Ddp {
+    pub pg: ProcessGroup,
+    /// Indices into the parameter list, one Vec per bucket.
+    buckets: Vec<Vec<usize>>,
+}
+
+impl Ddp {
+    pub fn new(pg: ProcessGroup, params: &[Tensor], bucket_mb: f64) -> Self {
+        let bytes: Vec<usize> = params.iter().map(|p| p.numel() * 4).collect();
+        Ddp { pg, buckets: assign_buckets(&bytes, (bucket_mb * 1024.0 * 1024.0) as usize) }
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.pg.world_size
+    }
+
+    pub fn num_buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Every variable of the store (parameters and buffers, by sorted name) from rank 0.
+    pub fn broadcast_state(&self, vs: &nn::VarStore) -> Result<()> {
+        let vars = vs.variables();
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort();
+        tch::no_grad(|| -> Result<()> {
+            for n in names {
+                self.pg.broadcast(&vars[n], 0)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Non-trainable tensors (BN running statistics) from rank 0.
+    pub fn broadcast_buffers(&self, buffers: &[Tensor]) -> Result<()> {
+        if buffers.is_empty() {
+            return Ok(());
+        }
+        tch::no_grad(|| {
+            let flat = Tensor::cat(&buffers.iter().map(|b| b.view(-1)).collect::<Vec<_>>(), 0);
+            self.pg.broadcast(&flat, 0)?;
+            copy_back(&flat, buffers);
+            Ok(())
+        })
+    }
+
+    /// Averages the gradients of `params` over all ranks.
+    pub fn all_reduce_grads(&self, params: &[Tensor]) -> Result<()> {
+        tch::no_grad(|| {
+            let mut flats = Vec::with_capacity(self.buckets.len());
+            for bucket in &self.buckets {
+                let grads: Vec<Tensor> = bucket.iter().map(|&i| grad_or_zeros(&params[i])).collect();
+                let flat = Tensor::cat(&grads.iter().map(|g| g.to_kind(Kind::Float).view(-1)).collect::<Vec<_>>(), 0);
+                let work = self.pg.all_reduce_async(&flat, ReduceOp::Sum)?;
+                flats.push((flat, grads, work));
+            }
+            let inv = 1.0 / self.pg.world_size as f64;
+            for (mut flat, grads, work) in flats {
+                work.wait()?;
+                let _ = flat.g_mul_scalar_(inv);
+                copy_back(&flat, &grads);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// PyTorch's reducer rule: walk the parameters in reverse, closing a bucket once it holds at
+/// least `cap` bytes.
+fn assign_buckets(bytes: &[usize], cap: usize) -> Vec<Vec<usize>> {
+    let mut buckets = vec![];
+    let (mut current, mut size) = (vec![], 0usize);
+    for i in (0..bytes.len()).rev() {
+        current.push(i);
+        size += bytes[i];
+        if size >= cap {
+            buckets.push(std::mem::take(&mut current));
+            size = 0;
+        }
+    }
+    if !current.is_empty() {
+        buckets.push(current);
+    }
+    buckets
+}
+
+fn grad_or_zeros(p: &Tensor) -> Tensor {
+    let g = p.grad();
+    if g.defined() {
+        g
+    } else {
+        // A parameter without a gradient still takes part (with zeros), so the buckets of all
+        // ranks keep the same layout; the result is not written back anywhere.
+        p.zeros_like()
+    }
+}
+
+/// Splits `flat` back into `dst`'s shapes and copies in place.
+fn copy_back(flat: &Tensor, dst: &[Tensor]) {
+    let mut offset = 0i64;
+    for d in dst {
+        let n = d.numel() as i64;
+        let _ = d.shallow_clone().copy_(&flat.narrow(0, offset, n).view_as(d).to_kind(d.kind()));
+        offset += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_close_once_full_in_reverse_parameter_order() {
+        let mb = 1024 * 1024;
+        let b = assign_buckets(&[4000, mb + 200_000, 40, 2 * mb, 28], mb);
+        assert_eq!(b, vec![vec![4, 3], vec![2, 1], vec![0]]);
+        assert_eq!(assign_buckets(&[10, 10], mb), vec![vec![1, 0]]);
+    }
+}

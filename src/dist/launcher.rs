@@ -1,0 +1,149 @@
+//! The built-in launcher (`--nproc-per-node N`): starts N workers of this same binary with the
+//! same arguments, each with torchrun's environment variables, like `torch.multiprocessing.spawn`.
+//! - Output: each line prefixed with `[rank R]`; only rank 0 prints progress (the workers decide).
+//! - Signals: SIGINT and SIGTERM are forwarded to the workers.
+//! - Failure: when a worker fails, the others get SIGTERM (SIGKILL 10 s later), and the launcher
+//!   exits non-zero naming the rank and how it ended. Workers die with the launcher (PDEATHSIG).
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+/// Set in workers' environment: a launched worker never launches again.
+pub const LAUNCHED_VAR: &str = "RINGTRAIN_LAUNCHED";
+/// The CUDA device (index among the visible ones) a launched worker must use (`--devices`).
+pub const DEVICE_VAR: &str = "RINGTRAIN_CUDA_DEVICE";
+
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub nproc_per_node: usize,
+    pub nnodes: usize,
+    pub node_rank: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// CUDA device for each local rank (`--devices 1,3`).
+    pub devices: Option<Vec<usize>>,
+}
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// A free TCP port on this machine for a single-node job's rendezvous.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}{}", if s == 9 { " (SIGKILL)" } else { "" }),
+        _ => "ended".into(),
+    }
+}
+
+/// Runs the workers to completion; returns the launcher's exit code.
+pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
+    let exe = std::env::current_exe().context("finding the ringtrain executable")?;
+    let world = spec.nproc_per_node * spec.nnodes;
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    let mut readers = Vec::new();
+    for local in 0..spec.nproc_per_node {
+        let rank = spec.node_rank * spec.nproc_per_node + local;
+        let mut cmd = Command::new(&exe);
+        cmd.args(args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("LOCAL_WORLD_SIZE", spec.nproc_per_node.to_string())
+            .env("GROUP_RANK", spec.node_rank.to_string())
+            .env("MASTER_ADDR", &spec.master_addr)
+            .env("MASTER_PORT", spec.master_port.to_string())
+            .env(LAUNCHED_VAR, "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(d) = &spec.devices {
+            cmd.env(DEVICE_VAR, d[local].to_string());
+        }
+        unsafe {
+            cmd.pre_exec(|| {
+                // The worker dies with the launcher, whatever kills the launcher.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().with_context(|| format!("starting worker rank {rank}"))?;
+        for (stream, to_stderr) in [(child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), false), (child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), true)] {
+            let Some(stream) = stream else { continue };
+            readers.push(std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(|l| l.ok()) {
+                    if to_stderr {
+                        let _ = writeln!(std::io::stderr().lock(), "[rank {rank}] {line}");
+                    } else {
+                        let _ = writeln!(std::io::stdout().lock(), "[rank {rank}] {line}");
+                    }
+                }
+            }));
+        }
+        children.push((rank, child));
+    }
+
+    let mut status: Vec<Option<ExitStatus>> = vec![None; children.len()];
+    let mut first_failure: Option<(usize, u32, ExitStatus)> = None;
+    let mut kill_deadline: Option<Instant> = None;
+    let signal_all = |children: &Vec<(usize, Child)>, status: &Vec<Option<ExitStatus>>, sig: i32| {
+        for ((_, c), s) in children.iter().zip(status) {
+            if s.is_none() {
+                unsafe { libc::kill(c.id() as i32, sig) };
+            }
+        }
+    };
+    while status.iter().any(Option::is_none) {
+        let sig = SIGNAL.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            signal_all(&children, &status, sig);
+        }
+        for (i, (rank, child)) in children.iter_mut().enumerate() {
+            if status[i].is_some() {
+                continue;
+            }
+            if let Some(s) = child.try_wait()? {
+                status[i] = Some(s);
+                if !s.success() && first_failure.is_none() {
+                    first_failure = Some((*rank, child.id(), s));
+                    kill_deadline = Some(Instant::now() + Duration::from_secs(10));
+                }
+            }
+        }
+        if first_failure.is_some() && status.iter().any(Option::is_none) {
+            match kill_deadline {
+                Some(d) if Instant::now() >= d => signal_all(&children, &status, libc::SIGKILL),
+                _ => signal_all(&children, &status, libc::SIGTERM),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+    let Some((rank, pid, s)) = first_failure else { return Ok(0) };
+    let others: Vec<String> = children
+        .iter()
+        .zip(&status)
+        .filter(|((r, _), _)| *r != rank)
+        .map(|((r, _), s)| format!("rank {r} {}", s.map(describe).unwrap_or_default()))
+        .collect();
+    eprintln!("error: worker rank {rank} (pid {pid}) {}; stopped the others ({})", describe(s), others.join(", "));
+    // Every worker rejected the input the same way: keep the user-error exit code.
+    Ok(if status.iter().all(|s| s.and_then(|s| s.code()) == Some(2)) { 2 } else { 1 })
+}

@@ -1,0 +1,27 @@
+//! LeNet-5 as in PyTorch's CIFAR-10 tutorial (`conv1`, `conv2`, `fc1`..`fc3`): no BatchNorm and
+//! no dropout, so data-parallel training is exactly equivalent to one process on the same global
+//! batch (the distributed tests rely on that). Inputs of any size are pooled to 5×5 before `fc1`.
+use tch::nn;
+
+pub fn lenet5(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
+    let conv1 = nn::conv2d(p / "conv1", 3, 6, 5, Default::default());
+    let conv2 = nn::conv2d(p / "conv2", 6, 16, 5, Default::default());
+    let fc1 = nn::linear(p / "fc1", 16 * 5 * 5, 120, Default::default());
+    let fc2 = nn::linear(p / "fc2", 120, 84, Default::default());
+    let fc3 = nn::linear(p / "fc3", 84, num_classes, Default::default());
+    nn::func_t(move |x, _train| {
+        x.apply(&conv1)
+            .relu()
+            .max_pool2d_default(2)
+            .apply(&conv2)
+            .relu()
+            .max_pool2d_default(2)
+            .adaptive_avg_pool2d([5, 5])
+            .flatten(1, -1)
+            .apply(&fc1)
+            .relu()
+            .apply(&fc2)
+            .relu()
+            .apply(&fc3)
+    })
+}

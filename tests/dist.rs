@@ -1,0 +1,204 @@
+//! Data parallelism on c10d with Gloo, 2 CPU processes on this machine: equivalence with one
+//! process on the same global batch, torchrun as launcher, and failures that end cleanly.
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tch::Tensor;
+
+fn shapes(root: &Path, per_class: usize, offset: u64) {
+    for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
+        std::fs::create_dir_all(root.join(name)).unwrap();
+        for i in 0..per_class {
+            ringtrain::data::demo::render(c, 36, 4, offset + i as u64).save(root.join(name).join(format!("{i}.png"))).unwrap();
+        }
+    }
+}
+
+struct Data {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+fn data(per_class: usize) -> Data {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    shapes(&root.join("train"), per_class, 0);
+    shapes(&root.join("val"), 4, 10_000);
+    Data { _dir: dir, root }
+}
+
+fn train_args(d: &Data, out: &Path, model: &str) -> Vec<String> {
+    let s = |p: PathBuf| p.to_str().unwrap().to_string();
+    [
+        "train", "--data", &s(d.root.join("train")), "--val", &s(d.root.join("val")), "--out", &s(out.to_path_buf()),
+        "--model", model, "--img-size", "32", "--epochs", "2", "--batch-size", "16", "--lr", "0.05", "--sched", "constant",
+        "--device", "cpu", "--seed", "1", "--workers", "1", "--log-every", "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Replaces the value of `flag` in `args`.
+fn set(args: &mut [String], flag: &str, value: &str) {
+    let i = args.iter().position(|a| a == flag).expect("flag present");
+    args[i + 1] = value.to_string();
+}
+
+fn run(args: &[String]) -> std::process::Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_ringtrain")).args(args).output().unwrap();
+    assert!(o.status.success(), "{args:?}\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+fn weights(run_dir: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(run_dir.join("last/model.safetensors")).unwrap().into_iter().collect()
+}
+
+fn max_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
+        .map(|(k, t)| (t - &b[k]).abs().max().double_value(&[]))
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn two_ranks_with_half_batches_reach_the_weights_of_one_process() {
+    // 3 classes x 16 images = 48: 3 steps of 16 per epoch, 2 epochs; no padding (48 = 2 x 24).
+    let d = data(16);
+    let (single, dual) = (d.root.join("single"), d.root.join("dual"));
+    run(&train_args(&d, &single, "lenet5"));
+    let mut args = train_args(&d, &dual, "lenet5");
+    args.extend(["--nproc-per-node".into(), "2".into()]);
+    let o = run(&args);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("[rank 0] distributed: 2 ranks") && stdout.contains("global batch 16 = 2 × 8"), "{stdout}");
+    assert!(!stdout.contains("[rank 1] epoch"), "only rank 0 reports progress: {stdout}");
+    let diff = max_diff(&weights(&single), &weights(&dual));
+    assert!(diff <= 1e-5, "LeNet-5 (no BatchNorm): 2 ranks x 8 and 1 x 16 differ by {diff}");
+    // The validation shards (12 images over 2 ranks) are combined: same metrics as one process.
+    let csv = |p: &Path| std::fs::read_to_string(p.join("metrics.csv")).unwrap();
+    let cols = |s: String| s.lines().map(|l| l.split(',').skip(3).take(3).collect::<Vec<_>>().join(",")).collect::<Vec<_>>();
+    assert_eq!(cols(csv(&single)), cols(csv(&dual)));
+    assert!(!dual.join("last").join("..").join("rank1").exists());
+
+    // With BatchNorm and no SyncBN, each rank normalises its half batch with its own statistics:
+    // the runs must differ, which shows the BN path is really per rank.
+    let (single_bn, dual_bn) = (d.root.join("single_bn"), d.root.join("dual_bn"));
+    run(&train_args(&d, &single_bn, "resnet10-tiny"));
+    let mut args = train_args(&d, &dual_bn, "resnet10-tiny");
+    args.extend(["--nproc-per-node".into(), "2".into()]);
+    run(&args);
+    let diff = max_diff(&weights(&single_bn), &weights(&dual_bn));
+    assert!(diff > 1e-4, "without SyncBN, per-rank BN statistics must change the result (diff {diff})");
+}
+
+#[test]
+fn torchrun_launches_ringtrain_with_the_same_result_as_the_builtin_launcher() {
+    let d = data(8);
+    let (ours, theirs) = (d.root.join("ours"), d.root.join("torchrun"));
+    let mut args = train_args(&d, &ours, "lenet5");
+    args.extend(["--nproc-per-node".into(), "2".into()]);
+    run(&args);
+    let torchrun = Path::new(&common::python()).with_file_name("torchrun");
+    let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
+    let o = Command::new(&torchrun)
+        .args(["--nproc-per-node", "2", "--master-port", &port, "--no-python", env!("CARGO_BIN_EXE_ringtrain")])
+        .args(train_args(&d, &theirs, "lenet5"))
+        .output()
+        .expect("running torchrun from the project's Python environment");
+    assert!(o.status.success(), "torchrun: {}", String::from_utf8_lossy(&o.stderr));
+    let diff = max_diff(&weights(&ours), &weights(&theirs));
+    assert!(diff <= 1e-6, "torchrun and the built-in launcher differ by {diff}");
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let out = Command::new("pgrep").args(["-P", &pid.to_string()]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|s| s.parse().ok()).collect()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+}
+
+#[test]
+fn a_worker_killed_mid_epoch_stops_the_job_naming_its_rank() {
+    let d = data(60);
+    let mut args = train_args(&d, &d.root.join("killed"), "resnet10-tiny");
+    set(&mut args, "--epochs", "50");
+    set(&mut args, "--batch-size", "4");
+    args.extend(["--nproc-per-node".into(), "2".into()]);
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_ringtrain")).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Wait until both workers are training (the run directory appears after the rendezvous).
+    let t0 = Instant::now();
+    let workers = loop {
+        let w = children_of(launcher.id());
+        if w.len() == 2 && d.root.join("killed/config.toml").exists() {
+            break w;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = launcher.kill();
+            let o = launcher.wait_with_output().unwrap();
+            panic!("workers did not start ({w:?}):\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    // Rank 1 is the second worker started.
+    let mut sorted = workers.clone();
+    sorted.sort();
+    let victim = sorted[1];
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let t_kill = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t_kill.elapsed() < Duration::from_secs(60), "launcher still running 60 s after a worker died");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = launcher.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!status.success());
+    assert!(stderr.contains("error: worker rank 1") && stderr.contains("SIGKILL"), "{stderr}");
+    for w in workers {
+        assert!(!alive(w), "worker {w} left behind");
+    }
+}
+
+#[test]
+fn bad_rendezvous_fails_clearly_within_the_timeout() {
+    let d = data(2);
+    // The port is taken: rank 0 cannot host the store.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let o = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(train_args(&d, &d.root.join("a"), "lenet5"))
+        .args(["--dist-timeout", "5"])
+        .envs([("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("rendezvous with the master at 127.0.0.1:") && stderr.contains(&port), "{stderr}");
+
+    // Nobody serves the store: a non-zero rank gives up after --dist-timeout.
+    drop(taken);
+    let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
+    let t0 = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(train_args(&d, &d.root.join("b"), "lenet5"))
+        .args(["--dist-timeout", "3"])
+        .envs([("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("rendezvous with the master"), "{stderr}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+}
