@@ -9,7 +9,7 @@ fn main() {
             .expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB; run scripts/setup.sh"),
     );
     let include = lib.join("../include");
-    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/shim.h"] {
+    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/sync_bn.cpp", "csrc/shim.h", "csrc/pg.h"] {
         println!("cargo:rerun-if-changed={f}");
     }
 
@@ -19,6 +19,7 @@ fn main() {
         .std("c++17")
         .file("csrc/shim.cpp")
         .file("csrc/dist.cpp")
+        .file("csrc/sync_bn.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", "1")

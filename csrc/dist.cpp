@@ -12,6 +12,7 @@
 //  - NCCL: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless the user set it, so a dead peer or a timeout
 //    aborts the communicator and surfaces as an error in wait(), instead of a hang.
 #include "shim.h"
+#include "pg.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -28,10 +29,6 @@
 
 extern thread_local std::string rt_error;  // defined in shim.cpp
 
-struct rt_pg {
-  c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::Backend> backend;
-};
 
 struct rt_work {
   c10::intrusive_ptr<c10d::Work> work;

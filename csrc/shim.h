@@ -52,6 +52,12 @@ rt_work* rt_pg_allgather(rt_pg* pg, rt_tensor* out, rt_tensor* in);  // out: [wo
 rt_work* rt_pg_barrier(rt_pg* pg);
 int rt_work_wait(rt_work* w);
 
+// ---- SyncBatchNorm (sync_bn.cpp): training-mode BatchNorm over the global batch of `pg`.
+// Returns the output (with its autograd graph), or null on failure.
+rt_tensor* rt_sync_batch_norm(rt_pg* pg, rt_tensor* x, rt_tensor* weight, rt_tensor* bias,
+                              rt_tensor* running_mean, rt_tensor* running_var, double momentum,
+                              double eps);
+
 #ifdef __cplusplus
 }
 #endif

@@ -117,6 +117,12 @@ struct DistArgs {
     /// Gradient all-reduce bucket size in MB [25].
     #[arg(long, default_value_t = 25.0)]
     bucket_mb: f64,
+    /// All-reduce gradients in half precision: bf16 or fp16 (averaged in fp32).
+    #[arg(long, value_parser = ["bf16", "fp16", "off"])]
+    grad_compress: Option<String>,
+    /// Synchronise BatchNorm statistics across ranks (SyncBatchNorm).
+    #[arg(long)]
+    sync_bn: bool,
 }
 
 /// Flags given on the command line; only those present override the config file.
@@ -377,7 +383,12 @@ fn dist_setup(a: &DistArgs, cfg: &TrainConfig) -> Result<Setup> {
         if let Some(port) = a.master_port {
             env.master_port = port;
         }
-        return Ok(Setup::Worker(DistSetup { env, timeout, bucket_mb: a.bucket_mb }));
+        let grad_compress = match a.grad_compress.as_deref() {
+            Some("bf16") => Some(tch::Kind::BFloat16),
+            Some("fp16") => Some(tch::Kind::Half),
+            _ => None,
+        };
+        return Ok(Setup::Worker(DistSetup { env, timeout, bucket_mb: a.bucket_mb, grad_compress, sync_bn: a.sync_bn }));
     }
     if std::env::var_os(launcher::LAUNCHED_VAR).is_some() {
         return Err(user_error("launched as a worker but RANK/WORLD_SIZE are missing"));

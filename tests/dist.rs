@@ -88,14 +88,47 @@ fn two_ranks_with_half_batches_reach_the_weights_of_one_process() {
     assert!(!dual.join("last").join("..").join("rank1").exists());
 
     // With BatchNorm and no SyncBN, each rank normalises its half batch with its own statistics:
-    // the runs must differ, which shows the BN path is really per rank.
-    let (single_bn, dual_bn) = (d.root.join("single_bn"), d.root.join("dual_bn"));
-    run(&train_args(&d, &single_bn, "resnet10-tiny"));
-    let mut args = train_args(&d, &dual_bn, "resnet10-tiny");
-    args.extend(["--nproc-per-node".into(), "2".into()]);
+    // the runs must differ, which shows the BN path is really per rank. With SyncBN the
+    // statistics are the global batch's again.
+    let bn_run = |name: &str, extra: &[&str], batch: &str, lr: &str| {
+        let out = d.root.join(name);
+        let mut a = train_args(&d, &out, "resnet10-tiny");
+        set(&mut a, "--epochs", "1");
+        set(&mut a, "--batch-size", batch);
+        set(&mut a, "--lr", lr);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let o = run(&a);
+        (weights(&out), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let two = ["--nproc-per-node", "2"];
+    let two_sync = ["--nproc-per-node", "2", "--sync-bn"];
+    // One step on the whole set (2 x 24 vs 1 x 48), no momentum, large lr: the SyncBN gradient
+    // itself, forward and backward, must match one process to float rounding.
+    let single_bn = bn_run("bn1", &["--momentum", "0"], "48", "0.5").0;
+    let (sync, stdout) = bn_run("bn1_sync", &[&two_sync[..], &["--momentum", "0"]].concat(), "48", "0.5");
+    assert!(stdout.contains("SyncBatchNorm"), "{stdout}");
+    let diff = max_diff(&single_bn, &sync);
+    assert!(diff <= 1e-5, "ResNet with SyncBN: one step of 2 x 24 vs 1 x 48 differs by {diff}");
+    let nosync = bn_run("bn1_nosync", &[&two[..], &["--momentum", "0"]].concat(), "48", "0.5").0;
+    let diff_nosync = max_diff(&single_bn, &nosync);
+    assert!(diff_nosync > 1e-3, "without SyncBN, per-rank BN statistics must change the step (diff {diff_nosync})");
+    // Three steps with momentum: SyncBN stays far closer to one process than plain per-rank BN.
+    // (Not at 1e-5: over several steps this small-batch network amplifies rounding differences,
+    // e.g. through ReLU inputs near zero; one process with 1 vs 2 threads drifts the same way
+    // on other data.)
+    let single_bn = bn_run("bn3", &[], "16", "0.005").0;
+    let sync = bn_run("bn3_sync", &two_sync, "16", "0.005").0;
+    let nosync = bn_run("bn3_nosync", &two, "16", "0.005").0;
+    let (d_sync, d_nosync) = (max_diff(&single_bn, &sync), max_diff(&single_bn, &nosync));
+    assert!(d_sync * 20.0 < d_nosync, "3 steps: SyncBN differs by {d_sync}, per-rank BN by {d_nosync}");
+
+    // Half-precision all-reduce: close to, not equal to, the fp32 result.
+    let fp16 = d.root.join("fp16");
+    let mut args = train_args(&d, &fp16, "lenet5");
+    args.extend(["--nproc-per-node".into(), "2".into(), "--grad-compress".into(), "fp16".into()]);
     run(&args);
-    let diff = max_diff(&weights(&single_bn), &weights(&dual_bn));
-    assert!(diff > 1e-4, "without SyncBN, per-rank BN statistics must change the result (diff {diff})");
+    let diff = max_diff(&weights(&single), &weights(&fp16));
+    assert!(diff > 0.0 && diff < 5e-3, "fp16 gradient all-reduce: difference {diff}");
 }
 
 #[test]

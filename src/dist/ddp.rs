@@ -9,6 +9,9 @@
 //! What PyTorch's reducer does and this does not (yet): it launches each bucket's all-reduce from
 //! autograd hooks while backward still runs, overlapping communication with computation. Here the
 //! all-reduces start after backward has finished, so communication time adds to the step.
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
 use anyhow::Result;
 use tch::{nn, Kind, Tensor};
 
@@ -18,12 +21,24 @@ pub struct Ddp {
     pub pg: ProcessGroup,
     /// Indices into the parameter list, one Vec per bucket.
     buckets: Vec<Vec<usize>>,
+    /// All-reduce in this precision (`--grad-compress`), as Horovod's `Compression.fp16`:
+    /// gradients are pre-divided by the world size in fp32, sent in half precision, and
+    /// widened back to fp32.
+    compress: Option<Kind>,
+    /// Wall time spent in the gradient all-reduce since the last `take_comm_time`.
+    comm_time: Cell<Duration>,
 }
 
 impl Ddp {
-    pub fn new(pg: ProcessGroup, params: &[Tensor], bucket_mb: f64) -> Self {
+    pub fn new(pg: ProcessGroup, params: &[Tensor], bucket_mb: f64, compress: Option<Kind>) -> Self {
         let bytes: Vec<usize> = params.iter().map(|p| p.numel() * 4).collect();
-        Ddp { pg, buckets: assign_buckets(&bytes, (bucket_mb * 1024.0 * 1024.0) as usize) }
+        let buckets = assign_buckets(&bytes, (bucket_mb * 1024.0 * 1024.0) as usize);
+        Ddp { pg, buckets, compress, comm_time: Cell::new(Duration::ZERO) }
+    }
+
+    /// Time spent averaging gradients since the last call.
+    pub fn take_comm_time(&self) -> Duration {
+        self.comm_time.replace(Duration::ZERO)
     }
 
     pub fn world_size(&self) -> usize {
@@ -62,22 +77,32 @@ impl Ddp {
 
     /// Averages the gradients of `params` over all ranks.
     pub fn all_reduce_grads(&self, params: &[Tensor]) -> Result<()> {
-        tch::no_grad(|| {
+        let t0 = Instant::now();
+        let inv = 1.0 / self.pg.world_size as f64;
+        let result = tch::no_grad(|| {
             let mut flats = Vec::with_capacity(self.buckets.len());
             for bucket in &self.buckets {
                 let grads: Vec<Tensor> = bucket.iter().map(|&i| grad_or_zeros(&params[i])).collect();
                 let flat = Tensor::cat(&grads.iter().map(|g| g.to_kind(Kind::Float).view(-1)).collect::<Vec<_>>(), 0);
-                let work = self.pg.all_reduce_async(&flat, ReduceOp::Sum)?;
-                flats.push((flat, grads, work));
+                let wire = match self.compress {
+                    Some(kind) => (flat * inv).to_kind(kind),
+                    None => flat,
+                };
+                let work = self.pg.all_reduce_async(&wire, ReduceOp::Sum)?;
+                flats.push((wire, grads, work));
             }
-            let inv = 1.0 / self.pg.world_size as f64;
-            for (mut flat, grads, work) in flats {
+            for (wire, grads, work) in flats {
                 work.wait()?;
-                let _ = flat.g_mul_scalar_(inv);
-                copy_back(&flat, &grads);
+                let avg = match self.compress {
+                    Some(_) => wire.to_kind(Kind::Float),
+                    None => wire * inv,
+                };
+                copy_back(&avg, &grads);
             }
             Ok(())
-        })
+        });
+        self.comm_time.set(self.comm_time.get() + t0.elapsed());
+        result
     }
 }
 

@@ -105,6 +105,11 @@ impl ProcessGroup {
         Ok(ProcessGroup { pg, rank, world_size, backend })
     }
 
+    /// The shim's handle, for the shim's other users (SyncBatchNorm).
+    pub(crate) fn raw(&self) -> *mut std::ffi::c_void {
+        self.pg as *mut std::ffi::c_void
+    }
+
     fn started(&self, w: *mut RtWork, what: &str) -> Result<Work> {
         if w.is_null() {
             bail!("{what} failed: {}", crate::shim::last_error_message());

@@ -1,6 +1,7 @@
 //! Models by name, with torchvision's parameter and buffer names, and their state_dict as
 //! safetensors (so PyTorch can `load_state_dict` ours and we can load theirs).
 pub mod alexnet;
+pub mod batchnorm;
 pub mod lenet;
 pub mod resnet;
 

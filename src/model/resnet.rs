@@ -4,6 +4,8 @@
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
+use super::batchnorm::{batch_norm2d, BatchNorm2d};
+
 #[derive(Debug, Clone, Copy)]
 pub enum Block {
     Basic,
@@ -43,8 +45,8 @@ fn conv(p: nn::Path, cin: i64, cout: i64, k: i64, stride: i64, padding: i64) -> 
     nn::conv2d(p, cin, cout, k, cfg)
 }
 
-fn bn(p: nn::Path, c: i64) -> nn::BatchNorm {
-    nn::batch_norm2d(p, c, Default::default())
+fn bn(p: nn::Path, c: i64) -> BatchNorm2d {
+    batch_norm2d(p, c)
 }
 
 fn downsample(p: nn::Path, cin: i64, cout: i64, stride: i64) -> Option<nn::SequentialT> {

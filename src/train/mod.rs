@@ -169,22 +169,26 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         Some(d) => {
             let backend = if device.is_cuda() && nccl_available() { Backend::Nccl } else { Backend::Gloo };
             let pg = ProcessGroup::new(backend, &d.env.master_addr, d.env.master_port, rank, world, d.timeout)?;
-            let ddp = Ddp::new(pg, &params, d.bucket_mb);
+            let ddp = Ddp::new(pg, &params, d.bucket_mb, d.grad_compress);
             ddp.broadcast_state(&model.vs)?;
             say!(
-                "distributed: {world} ranks ({}), {backend:?}, master {}:{}, global batch {} = {world} × {batch}, {} gradient buckets of ≤ {} MB",
+                "distributed: {world} ranks ({}), {backend:?}, master {}:{}, global batch {} = {world} × {batch}, {} gradient buckets of ≤ {} MB{}{}",
                 d.env.source,
                 d.env.master_addr,
                 d.env.master_port,
                 cfg.batch_size,
                 ddp.num_buckets(),
-                d.bucket_mb
+                d.bucket_mb,
+                d.grad_compress.map(|k| format!(", all-reduce in {k:?}")).unwrap_or_default(),
+                if d.sync_bn { ", SyncBatchNorm" } else { "" }
             );
             Some(ddp)
         }
         None => None,
     };
     let pg = ddp.as_ref().map(|d| &d.pg);
+    let sync_bn = dist.is_some_and(|d| d.sync_bn);
+    let _sync_bn_guard = pg.filter(|_| sync_bn).map(crate::model::batchnorm::sync_batch_norm);
     let steps_per_epoch = train_loader.batches_per_epoch();
     let sched = schedule::LrSchedule::new(cfg, steps_per_epoch);
     let (mean, std) = (cfg.mean3(), cfg.std3());
@@ -218,13 +222,13 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             let y = batch.labels.to_device(device);
             lr = sched.lr_at(global_step);
             opt.set_lr(lr);
-            if let Some(ddp) = ddp.as_ref().filter(|_| world > 1) {
+            if let Some(ddp) = ddp.as_ref().filter(|_| world > 1 && !sync_bn) {
                 ddp.broadcast_buffers(&buffers)?;
             }
             let logits = model.forward(&x, true);
             let loss = logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, cfg.label_smoothing);
             opt.zero_grad();
-            loss.backward();
+            loss.f_backward()?;
             if let Some(ddp) = &ddp {
                 ddp.all_reduce_grads(&params)?;
             }
@@ -250,6 +254,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         }
         progress.finish();
         let train_secs = t0.elapsed().as_secs_f64();
+        let comm_share = ddp.as_ref().map(|d| d.take_comm_time().as_secs_f64() / train_secs);
         // Epoch statistics over all ranks (padding repeats count as seen, as in DDP).
         let totals = Tensor::from_slice(&[loss_sum.double_value(&[]), correct.int64_value(&[]) as f64, seen as f64]);
         if let Some(pg) = pg {
@@ -313,13 +318,14 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             ("epoch/lr", lr),
             ("epoch/images_per_s", row.images_per_s),
             ("epoch/seconds", row.seconds),
+            ("epoch/allreduce_share", comm_share.unwrap_or(0.0)),
             ] {
                 tb.scalar(tag, v, e)?;
             }
             tb.flush()?;
         }
         say!(
-            "epoch {}/{} {} | train loss {:.4} top1 {:.2}% | val loss {:.4} top1 {:.2}% top5 {:.2}% | lr {:.5} | {:.0} img/s | best {:.2}% (epoch {})",
+            "epoch {}/{} {} | train loss {:.4} top1 {:.2}% | val loss {:.4} top1 {:.2}% top5 {:.2}% | lr {:.5} | {:.0} img/s{} | best {:.2}% (epoch {})",
             epoch + 1,
             cfg.epochs,
             fmt_duration(row.seconds),
@@ -330,6 +336,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             100.0 * ev.top5,
             lr,
             row.images_per_s,
+            comm_share.map(|c| format!(" (all-reduce {:.1}% of rank 0's time)", 100.0 * c)).unwrap_or_default(),
             100.0 * best_top1,
             best_epoch
         );

@@ -1,0 +1,74 @@
+//! BatchNorm2d with torchvision's names (`weight`, `bias`, `running_mean`, `running_var`) that
+//! becomes SyncBatchNorm while a process group is registered with `sync_batch_norm` (`--sync-bn`):
+//! in training mode its statistics are those of the global batch (csrc/sync_bn.cpp); in eval mode
+//! it is plain BatchNorm and communicates nothing.
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use tch::nn::{self, ModuleT};
+use tch::Tensor;
+
+use crate::dist::process_group::ProcessGroup;
+
+static SYNC_GROUP: AtomicPtr<std::ffi::c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+extern "C" {
+    fn rt_sync_batch_norm(
+        pg: *mut std::ffi::c_void,
+        x: *mut torch_sys::C_tensor,
+        weight: *mut torch_sys::C_tensor,
+        bias: *mut torch_sys::C_tensor,
+        running_mean: *mut torch_sys::C_tensor,
+        running_var: *mut torch_sys::C_tensor,
+        momentum: f64,
+        eps: f64,
+    ) -> *mut torch_sys::C_tensor;
+}
+
+/// While the guard lives, every BatchNorm2d in training mode synchronises over `pg`.
+pub struct SyncBatchNormGuard<'a> {
+    _pg: &'a ProcessGroup,
+}
+
+pub fn sync_batch_norm(pg: &ProcessGroup) -> SyncBatchNormGuard<'_> {
+    SYNC_GROUP.store(pg.raw(), Ordering::SeqCst);
+    SyncBatchNormGuard { _pg: pg }
+}
+
+impl Drop for SyncBatchNormGuard<'_> {
+    fn drop(&mut self) {
+        SYNC_GROUP.store(std::ptr::null_mut(), Ordering::SeqCst);
+    }
+}
+
+#[derive(Debug)]
+pub struct BatchNorm2d {
+    bn: nn::BatchNorm,
+}
+
+pub fn batch_norm2d(p: nn::Path, c: i64) -> BatchNorm2d {
+    BatchNorm2d { bn: nn::batch_norm2d(p, c, Default::default()) }
+}
+
+fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
+    t.as_ptr() as *mut _
+}
+
+impl ModuleT for BatchNorm2d {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        let pg = SYNC_GROUP.load(Ordering::SeqCst);
+        if !train || pg.is_null() {
+            return self.bn.forward_t(x, train);
+        }
+        let (Some(w), Some(b)) = (&self.bn.ws, &self.bn.bs) else { return self.bn.forward_t(x, train) };
+        let out = unsafe {
+            rt_sync_batch_norm(pg, ptr(x), ptr(w), ptr(b), ptr(&self.bn.running_mean), ptr(&self.bn.running_var), 0.1, 1e-5)
+        };
+        // A failed collective inside a forward pass has no Result to travel through (ModuleT):
+        // it ends the process with the reason; the launcher then stops the other ranks.
+        if out.is_null() {
+            eprintln!("error: SyncBatchNorm: {}", crate::shim::last_error_message());
+            std::process::exit(1);
+        }
+        unsafe { Tensor::from_ptr(out) }
+    }
+}
