@@ -90,6 +90,14 @@ int rt_set_data_channels_last(rt_tensor* t) {
 
 #define RT_STR2(x) #x
 #define RT_STR(x) RT_STR2(x)
+int rt_set_grad(rt_tensor* param, rt_tensor* grad) {
+  return guarded([&] {
+    TORCH_CHECK(param->sizes() == grad->sizes(), "gradient shape differs from the parameter's");
+    param->mutable_grad() = *grad;
+    return 0;
+  });
+}
+
 const char* rt_torch_version(void) {
   return RT_STR(TORCH_VERSION_MAJOR) "." RT_STR(TORCH_VERSION_MINOR) "." RT_STR(TORCH_VERSION_PATCH);
 }

@@ -31,6 +31,10 @@ int rt_is_channels_last(rt_tensor* t);
 // optimizers and var stores that hold it see the new layout.
 int rt_set_data_channels_last(rt_tensor* t);
 
+// Makes `grad` (e.g. a view into a flat bucket) the parameter's .grad: autograd then
+// accumulates into it in place, so gradients land in the bucket with no copy.
+int rt_set_grad(rt_tensor* param, rt_tensor* grad);
+
 // Versions for bug reports: libtorch "2.11.0"; CUDA runtime and cuDNN as integers (0 = absent).
 const char* rt_torch_version(void);
 int64_t rt_cuda_runtime_version(void);

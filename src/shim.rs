@@ -18,6 +18,7 @@ mod ffi {
         pub fn rt_to_channels_last(t: *mut torch_sys::C_tensor) -> *mut torch_sys::C_tensor;
         pub fn rt_is_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_set_data_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
+        pub fn rt_set_grad(param: *mut torch_sys::C_tensor, grad: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_torch_version() -> *const c_char;
         pub fn rt_cuda_runtime_version() -> i64;
         pub fn rt_cudnn_version() -> i64;
@@ -126,6 +127,12 @@ pub fn var_store_to_channels_last(vs: &tch::nn::VarStore) -> Result<()> {
 /// by default it silences libtorch's own log lines unless TORCH_CPP_LOG_LEVEL asks for them.
 pub fn set_torch_log_level(level: i32) {
     unsafe { ffi::rt_set_log_level(level) }
+}
+
+/// Sets `param.grad = grad` (same shape); autograd accumulates into it in place from then on.
+pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<()> {
+    check(unsafe { ffi::rt_set_grad(param.as_ptr() as *mut _, grad.as_ptr() as *mut _) })?;
+    Ok(())
 }
 
 pub fn torch_version() -> String {

@@ -4,7 +4,10 @@
 //!   (DDP's `broadcast_buffers=True`);
 //! - after backward: gradients are averaged over ranks by bucketed all-reduce. Buckets hold about
 //!   `bucket_mb` MB of gradients, in reverse parameter order (the order backward produces them);
-//!   all buckets are started before the first is waited for.
+//!   all buckets are started before the first is waited for. Each parameter's `.grad` is a view
+//!   into its bucket's flat buffer (PyTorch's `gradient_as_bucket_view`), so backward writes
+//!   straight into what is all-reduced: no copies in or out. At world size 1 the average is the
+//!   identity and no collective is issued.
 //!
 //! What PyTorch's reducer does and this does not (yet): it launches each bucket's all-reduce from
 //! autograd hooks while backward still runs, overlapping communication with computation. Here the
@@ -21,6 +24,8 @@ pub struct Ddp {
     pub pg: ProcessGroup,
     /// Indices into the parameter list, one Vec per bucket.
     buckets: Vec<Vec<usize>>,
+    /// One flat fp32 buffer per bucket; the parameters' gradients are views into it.
+    flats: Vec<Tensor>,
     /// All-reduce in this precision (`--grad-compress`), as Horovod's `Compression.fp16`:
     /// gradients are pre-divided by the world size in fp32, sent in half precision, and
     /// widened back to fp32.
@@ -30,10 +35,29 @@ pub struct Ddp {
 }
 
 impl Ddp {
-    pub fn new(pg: ProcessGroup, params: &[Tensor], bucket_mb: f64, compress: Option<Kind>) -> Self {
+    pub fn new(pg: ProcessGroup, params: &[Tensor], bucket_mb: f64, compress: Option<Kind>) -> Result<Self> {
         let bytes: Vec<usize> = params.iter().map(|p| p.numel() * 4).collect();
         let buckets = assign_buckets(&bytes, (bucket_mb * 1024.0 * 1024.0) as usize);
-        Ddp { pg, buckets, compress, comm_time: Cell::new(Duration::ZERO) }
+        let mut flats = Vec::with_capacity(buckets.len());
+        for bucket in &buckets {
+            let total: i64 = bucket.iter().map(|&i| params[i].numel() as i64).sum();
+            let flat = Tensor::zeros([total], (Kind::Float, params[bucket[0]].device()));
+            let mut offset = 0;
+            for &i in bucket {
+                let n = params[i].numel() as i64;
+                crate::shim::set_grad(&params[i], &flat.narrow(0, offset, n).view_as(&params[i]))?;
+                offset += n;
+            }
+            flats.push(flat);
+        }
+        Ok(Ddp { pg, buckets, flats, compress, comm_time: Cell::new(Duration::ZERO) })
+    }
+
+    /// Zeroes the gradients in place (they must stay views into the buckets, so never set to None).
+    pub fn zero_grad(&self) {
+        for f in &self.flats {
+            let _ = f.shallow_clone().zero_();
+        }
     }
 
     /// Time spent averaging gradients since the last call.
@@ -75,29 +99,33 @@ impl Ddp {
         })
     }
 
-    /// Averages the gradients of `params` over all ranks.
-    pub fn all_reduce_grads(&self, params: &[Tensor]) -> Result<()> {
+    /// Averages the gradients over all ranks, in place in the buckets.
+    pub fn all_reduce_grads(&self) -> Result<()> {
+        if self.pg.world_size == 1 {
+            return Ok(());
+        }
         let t0 = Instant::now();
         let inv = 1.0 / self.pg.world_size as f64;
         let result = tch::no_grad(|| {
-            let mut flats = Vec::with_capacity(self.buckets.len());
-            for bucket in &self.buckets {
-                let grads: Vec<Tensor> = bucket.iter().map(|&i| grad_or_zeros(&params[i])).collect();
-                let flat = Tensor::cat(&grads.iter().map(|g| g.to_kind(Kind::Float).view(-1)).collect::<Vec<_>>(), 0);
+            let mut pending = Vec::with_capacity(self.flats.len());
+            for flat in &self.flats {
                 let wire = match self.compress {
                     Some(kind) => (flat * inv).to_kind(kind),
-                    None => flat,
+                    None => flat.shallow_clone(),
                 };
                 let work = self.pg.all_reduce_async(&wire, ReduceOp::Sum)?;
-                flats.push((wire, grads, work));
+                pending.push((flat, wire, work));
             }
-            for (wire, grads, work) in flats {
+            for (flat, mut wire, work) in pending {
                 work.wait()?;
-                let avg = match self.compress {
-                    Some(_) => wire.to_kind(Kind::Float),
-                    None => wire * inv,
-                };
-                copy_back(&avg, &grads);
+                match self.compress {
+                    Some(_) => {
+                        let _ = flat.shallow_clone().copy_(&wire);
+                    }
+                    None => {
+                        let _ = wire.g_mul_scalar_(inv);
+                    }
+                }
             }
             Ok(())
         });
@@ -123,17 +151,6 @@ fn assign_buckets(bytes: &[usize], cap: usize) -> Vec<Vec<usize>> {
         buckets.push(current);
     }
     buckets
-}
-
-fn grad_or_zeros(p: &Tensor) -> Tensor {
-    let g = p.grad();
-    if g.defined() {
-        g
-    } else {
-        // A parameter without a gradient still takes part (with zeros), so the buckets of all
-        // ranks keep the same layout; the result is not written back anywhere.
-        p.zeros_like()
-    }
 }
 
 /// Splits `flat` back into `dst`'s shapes and copies in place.

@@ -169,7 +169,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         Some(d) => {
             let backend = if device.is_cuda() && nccl_available() { Backend::Nccl } else { Backend::Gloo };
             let pg = ProcessGroup::new(backend, &d.env.master_addr, d.env.master_port, rank, world, d.timeout)?;
-            let ddp = Ddp::new(pg, &params, d.bucket_mb, d.grad_compress);
+            let ddp = Ddp::new(pg, &params, d.bucket_mb, d.grad_compress)?;
             ddp.broadcast_state(&model.vs)?;
             say!(
                 "distributed: {world} ranks ({}), {backend:?}, master {}:{}, global batch {} = {world} × {batch}, {} gradient buckets of ≤ {} MB{}{}",
@@ -227,10 +227,13 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             }
             let logits = model.forward(&x, true);
             let loss = logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, cfg.label_smoothing);
-            opt.zero_grad();
+            match &ddp {
+                Some(ddp) => ddp.zero_grad(),
+                None => opt.zero_grad(),
+            }
             loss.f_backward()?;
             if let Some(ddp) = &ddp {
-                ddp.all_reduce_grads(&params)?;
+                ddp.all_reduce_grads()?;
             }
             if let Some(max_norm) = cfg.clip_grad_norm {
                 let _ = optim::clip_grad_norm(&params, max_norm);
