@@ -90,6 +90,16 @@ int rt_set_data_channels_last(rt_tensor* t) {
 
 #define RT_STR2(x) #x
 #define RT_STR(x) RT_STR2(x)
+int rt_amp_unscale(rt_tensor** grads, int n, rt_tensor* found_inf, rt_tensor* inv_scale) {
+  return guarded([&] {
+    std::vector<at::Tensor> gs;
+    gs.reserve(n);
+    for (int i = 0; i < n; ++i) gs.push_back(*grads[i]);
+    at::_amp_foreach_non_finite_check_and_unscale_(gs, *found_inf, *inv_scale);
+    return 0;
+  });
+}
+
 int rt_set_grad(rt_tensor* param, rt_tensor* grad) {
   return guarded([&] {
     TORCH_CHECK(param->sizes() == grad->sizes(), "gradient shape differs from the parameter's");

@@ -31,6 +31,10 @@ int rt_is_channels_last(rt_tensor* t);
 // optimizers and var stores that hold it see the new layout.
 int rt_set_data_channels_last(rt_tensor* t);
 
+// GradScaler's unscale: grads *= inv_scale in place (one foreach kernel), found_inf = 1 if any
+// gradient holds inf or NaN (at::_amp_foreach_non_finite_check_and_unscale_).
+int rt_amp_unscale(rt_tensor** grads, int n, rt_tensor* found_inf, rt_tensor* inv_scale);
+
 // Makes `grad` (e.g. a view into a flat bucket) the parameter's .grad: autograd then
 // accumulates into it in place, so gradients land in the bucket with no copy.
 int rt_set_grad(rt_tensor* param, rt_tensor* grad);

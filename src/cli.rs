@@ -215,6 +215,12 @@ struct TrainArgs {
     /// Progress line every N steps, 0 for epoch summaries only [50].
     #[arg(long)]
     log_every: Option<usize>,
+    /// Mixed precision: auto (fp16 on CUDA, off on CPU), off, bf16, fp16 [auto].
+    #[arg(long)]
+    amp: Option<String>,
+    /// Fixed fp16 loss scale (e.g. 1024) instead of dynamic scaling.
+    #[arg(long)]
+    loss_scale: Option<f64>,
 }
 
 #[derive(Args)]

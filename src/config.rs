@@ -72,6 +72,10 @@ pub struct TrainConfig {
     pub device: String,
     /// Print a progress line every N steps (0: only epoch summaries).
     pub log_every: usize,
+    /// Mixed precision: auto (fp16 on CUDA, off on CPU) | off | bf16 | fp16.
+    pub amp: String,
+    /// A fixed fp16 loss scale instead of dynamic scaling.
+    pub loss_scale: Option<f64>,
 }
 
 impl Default for TrainConfig {
@@ -108,6 +112,8 @@ impl Default for TrainConfig {
             seed: 42,
             device: "auto".into(),
             log_every: 50,
+            amp: "auto".into(),
+            loss_scale: None,
         }
     }
 }
@@ -252,7 +258,12 @@ impl TrainConfig {
         if self.workers == Some(0) || self.prefetch == 0 {
             bail_user!("--workers and --prefetch must be at least 1");
         }
-        resolve_device(&self.device)?;
+        if let Some(s) = self.loss_scale {
+            if !pos(s) {
+                bail_user!("--loss-scale must be positive, got {s}");
+            }
+        }
+        crate::train::amp::resolve(&self.amp, resolve_device(&self.device)?)?;
         Ok(())
     }
 

@@ -18,6 +18,7 @@ mod ffi {
         pub fn rt_to_channels_last(t: *mut torch_sys::C_tensor) -> *mut torch_sys::C_tensor;
         pub fn rt_is_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_set_data_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
+        pub fn rt_amp_unscale(grads: *const *mut torch_sys::C_tensor, n: c_int, found_inf: *mut torch_sys::C_tensor, inv_scale: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_set_grad(param: *mut torch_sys::C_tensor, grad: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_torch_version() -> *const c_char;
         pub fn rt_cuda_runtime_version() -> i64;
@@ -127,6 +128,14 @@ pub fn var_store_to_channels_last(vs: &tch::nn::VarStore) -> Result<()> {
 /// by default it silences libtorch's own log lines unless TORCH_CPP_LOG_LEVEL asks for them.
 pub fn set_torch_log_level(level: i32) {
     unsafe { ffi::rt_set_log_level(level) }
+}
+
+/// Multiplies every gradient by `inv_scale` in place and sets `found_inf` (a 1-element float
+/// tensor) to 1 if any of them holds inf or NaN.
+pub fn amp_unscale(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> Result<()> {
+    let ptrs: Vec<*mut torch_sys::C_tensor> = grads.iter().map(|g| g.as_ptr() as *mut _).collect();
+    check(unsafe { ffi::rt_amp_unscale(ptrs.as_ptr(), ptrs.len() as c_int, found_inf.as_ptr() as *mut _, inv_scale.as_ptr() as *mut _) })?;
+    Ok(())
 }
 
 /// Sets `param.grad = grad` (same shape); autograd accumulates into it in place from then on.

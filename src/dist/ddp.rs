@@ -7,7 +7,7 @@
 //!   all buckets are started before the first is waited for. Each parameter's `.grad` is a view
 //!   into its bucket's flat buffer (PyTorch's `gradient_as_bucket_view`), so backward writes
 //!   straight into what is all-reduced: no copies in or out. At world size 1 the average is the
-//!   identity and no collective is issued.
+//!   identity: no buckets, no collective, gradients stay as in a plain run.
 //!
 //! What PyTorch's reducer does and this does not (yet): it launches each bucket's all-reduce from
 //! autograd hooks while backward still runs, overlapping communication with computation. Here the
@@ -39,7 +39,7 @@ impl Ddp {
         let bytes: Vec<usize> = params.iter().map(|p| p.numel() * 4).collect();
         let buckets = assign_buckets(&bytes, (bucket_mb * 1024.0 * 1024.0) as usize);
         let mut flats = Vec::with_capacity(buckets.len());
-        for bucket in &buckets {
+        for bucket in buckets.iter().filter(|_| pg.world_size > 1) {
             let total: i64 = bucket.iter().map(|&i| params[i].numel() as i64).sum();
             let flat = Tensor::zeros([total], (Kind::Float, params[bucket[0]].device()));
             let mut offset = 0;
@@ -53,7 +53,13 @@ impl Ddp {
         Ok(Ddp { pg, buckets, flats, compress, comm_time: Cell::new(Duration::ZERO) })
     }
 
-    /// Zeroes the gradients in place (they must stay views into the buckets, so never set to None).
+    /// Whether the gradients live in the buckets (then zero them with `zero_grad`, never set
+    /// them to None, which would detach them from the buckets).
+    pub fn owns_grads(&self) -> bool {
+        !self.flats.is_empty()
+    }
+
+    /// Zeroes the gradients in place.
     pub fn zero_grad(&self) {
         for f in &self.flats {
             let _ = f.shallow_clone().zero_();

@@ -16,17 +16,19 @@ pub struct EpochRow {
     pub lr: f64,
     pub seconds: f64,
     pub images_per_s: f64,
+    /// Optimizer steps skipped by the fp16 GradScaler (inf/NaN gradients).
+    pub skipped_steps: usize,
 }
 
-pub const HEADER: &str = "epoch,train_loss,train_top1,val_loss,val_top1,val_top5,lr,seconds,images_per_s";
+pub const HEADER: &str = "epoch,train_loss,train_top1,val_loss,val_top1,val_top5,lr,seconds,images_per_s,skipped_steps";
 
 pub fn write(path: &Path, rows: &[EpochRow]) -> Result<()> {
     let mut s = String::from(HEADER);
     s.push('\n');
     for r in rows {
         s += &format!(
-            "{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.8},{:.3},{:.1}\n",
-            r.epoch, r.train_loss, r.train_top1, r.val_loss, r.val_top1, r.val_top5, r.lr, r.seconds, r.images_per_s
+            "{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.8},{:.3},{:.1},{}\n",
+            r.epoch, r.train_loss, r.train_top1, r.val_loss, r.val_top1, r.val_top5, r.lr, r.seconds, r.images_per_s, r.skipped_steps
         );
     }
     atomic::write_file(path, s.as_bytes())

@@ -166,7 +166,7 @@ mod tests {
     fn pictures_are_valid_pngs_with_ink() {
         let d = tempfile::tempdir().unwrap();
         let rows: Vec<EpochRow> = (1..=4)
-            .map(|e| EpochRow { epoch: e, train_loss: 2.0 / e as f64, train_top1: 0.2 * e as f64, val_loss: 2.2 / e as f64, val_top1: 0.18 * e as f64, val_top5: 0.9, lr: 0.1 / e as f64, seconds: 1.0, images_per_s: 10.0 })
+            .map(|e| EpochRow { epoch: e, train_loss: 2.0 / e as f64, train_top1: 0.2 * e as f64, val_loss: 2.2 / e as f64, val_top1: 0.18 * e as f64, val_top5: 0.9, lr: 0.1 / e as f64, seconds: 1.0, images_per_s: 10.0, skipped_steps: 0 })
             .collect();
         training_curves(&d.path().join("curves.png"), &rows).unwrap();
         let classes: Vec<String> = ["alpha", "beta", "Small-flowered_Cranesbill"].iter().map(|s| s.to_string()).collect();

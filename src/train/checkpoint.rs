@@ -29,6 +29,9 @@ pub struct CheckpointState {
     pub val_top1: Option<f64>,
     pub best_val_top1: Option<f64>,
     pub best_epoch: Option<usize>,
+    /// The fp16 GradScaler's state, when one is used.
+    #[serde(default)]
+    pub scaler: Option<crate::train::amp::ScalerState>,
     pub config: TrainConfig,
 }
 

@@ -1,5 +1,6 @@
 //! The training run, top to bottom: data → model → optimizer → epochs of (train, validate,
 //! checkpoint, metrics) → the best epoch's classification report.
+pub mod amp;
 pub mod checkpoint;
 pub mod eval;
 pub mod optim;
@@ -31,6 +32,7 @@ use crate::report::progress::EpochProgress;
 use crate::report::tensorboard::EventWriter;
 use crate::report::{plots, write_evaluation};
 use crate::say;
+use crate::shim;
 use checkpoint::CheckpointState;
 
 pub struct RunSummary {
@@ -192,11 +194,18 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let steps_per_epoch = train_loader.batches_per_epoch();
     let sched = schedule::LrSchedule::new(cfg, steps_per_epoch);
     let (mean, std) = (cfg.mean3(), cfg.std3());
+    let amp_kind = amp::resolve(&cfg.amp, device)?;
+    let mut scaler = (amp_kind == Some(Kind::Half)).then(|| amp::GradScaler::new(device, cfg.loss_scale));
     say!(
-        "ringtrain: {} ({:.1}M parameters) on {:?}, {} classes, {} train / {} val images, {} steps per epoch, {} data workers",
+        "ringtrain: {} ({:.1}M parameters) on {:?}{}, {} classes, {} train / {} val images, {} steps per epoch, {} data workers",
         cfg.model,
         model.num_parameters() as f64 / 1e6,
         device,
+        match (amp_kind, &scaler) {
+            (Some(k), Some(s)) => format!(", autocast {k:?} with {} loss scaling", if s.state().dynamic { "dynamic" } else { "static" }),
+            (Some(k), None) => format!(", autocast {k:?}"),
+            _ => String::new(),
+        },
         classes.len(),
         n_train,
         val_loader.num_samples(),
@@ -214,6 +223,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         let mut loss_sum = Tensor::zeros([], (Kind::Float, device));
         let mut correct = Tensor::zeros([], (Kind::Int64, device));
         let mut seen = 0usize;
+        let mut skipped_steps = 0usize;
         let mut lr = sched.lr_at(global_step);
         let progress = EpochProgress::new(epoch + 1, cfg.epochs, steps_per_epoch, cfg.log_every);
         for (i, batch) in train_loader.epoch(epoch as u64).enumerate() {
@@ -225,20 +235,42 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             if let Some(ddp) = ddp.as_ref().filter(|_| world > 1 && !sync_bn) {
                 ddp.broadcast_buffers(&buffers)?;
             }
-            let logits = model.forward(&x, true);
-            let loss = logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, cfg.label_smoothing);
-            match &ddp {
+            let (logits, loss) = {
+                // Forward and loss under autocast; backward and the step outside, as torch.autocast.
+                let _autocast = amp_kind.map(|k| shim::autocast(device, k)).transpose()?;
+                let logits = model.forward(&x, true);
+                let loss = logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, cfg.label_smoothing);
+                (logits, loss.to_kind(Kind::Float))
+            };
+            match ddp.as_ref().filter(|d| d.owns_grads()) {
                 Some(ddp) => ddp.zero_grad(),
                 None => opt.zero_grad(),
             }
-            loss.f_backward()?;
+            match &scaler {
+                Some(s) => s.scale_loss(&loss).f_backward()?,
+                None => loss.f_backward()?,
+            }
             if let Some(ddp) = &ddp {
                 ddp.all_reduce_grads()?;
             }
-            if let Some(max_norm) = cfg.clip_grad_norm {
-                let _ = optim::clip_grad_norm(&params, max_norm);
+            let skip = match scaler.as_mut() {
+                Some(s) => {
+                    let grads: Vec<Tensor> = params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
+                    s.unscale(&grads, pg)?
+                }
+                None => false,
+            };
+            if skip {
+                skipped_steps += 1;
+            } else {
+                if let Some(max_norm) = cfg.clip_grad_norm {
+                    let _ = optim::clip_grad_norm(&params, max_norm);
+                }
+                opt.step();
             }
-            opt.step();
+            if let Some(s) = scaler.as_mut() {
+                s.update();
+            }
             model.bn_batches += 1;
             global_step += 1;
             let bs = y.size()[0] as usize;
@@ -280,6 +312,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             lr,
             seconds: t0.elapsed().as_secs_f64(),
             images_per_s: seen as f64 / train_secs,
+            skipped_steps,
         };
         let improved = best.as_ref().is_none_or(|(_, b)| ev.top1 > b.top1);
         if improved {
@@ -301,6 +334,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             val_top1: Some(ev.top1),
             best_val_top1: Some(best_top1),
             best_epoch: Some(best_epoch),
+            scaler: scaler.as_ref().map(|s| s.state()),
             config: cfg.clone(),
         };
         rows.push(row.clone());
@@ -322,6 +356,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             ("epoch/images_per_s", row.images_per_s),
             ("epoch/seconds", row.seconds),
             ("epoch/allreduce_share", comm_share.unwrap_or(0.0)),
+            ("epoch/amp_skipped_steps", skipped_steps as f64),
             ] {
                 tb.scalar(tag, v, e)?;
             }

@@ -6,6 +6,7 @@
   torchvision_reference.py evaluate MODEL NUM_CLASSES CKPT ROOT SIZE RESIZE   top-1 in PyTorch
   torchvision_reference.py sklearn_report JSON     sklearn's classification_report(output_dict=True)
   torchvision_reference.py tensorboard_scalars DIR scalars and texts as TensorBoard's reader sees them
+  torchvision_reference.py grad_scaler STEPS BAD    GradScaler's scale and step decisions
   torchvision_reference.py imagefolder ROOT        JSON: classes and samples as ImageFolder sees them
 """
 import json
@@ -98,6 +99,27 @@ def tensorboard_scalars(run_dir):
     print(json.dumps(out))
 
 
+def grad_scaler(steps, bad):
+    """PyTorch's GradScaler (defaults, CPU) on a scripted gradient sequence: gradient 1.0 each
+    step except inf/NaN at the steps listed in `bad` ("3,17"). Prints, per step, the scale
+    after update() and whether the optimizer stepped."""
+    bad = {int(b) for b in bad.split(",") if b}
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    out = []
+    for k in range(int(steps)):
+        opt.zero_grad()
+        scaler.scale(torch.ones(()))  # the scaler starts lazily on its first scale()
+        g = float("inf") if k in bad and k % 2 == 0 else float("nan") if k in bad else 1.0
+        p.grad = torch.full_like(p, g) * scaler.get_scale()
+        before = p.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        out.append([scaler.get_scale(), not torch.equal(before, p.detach())])
+    print(json.dumps(out))
+
+
 def imagefolder(root):
     ds = torchvision.datasets.ImageFolder(root)
     print(json.dumps({"classes": ds.classes, "class_to_idx": ds.class_to_idx, "samples": ds.samples}))
@@ -112,6 +134,8 @@ if __name__ == "__main__":
         sklearn_report(sys.argv[2])
     elif sys.argv[1] == "tensorboard_scalars":
         tensorboard_scalars(sys.argv[2])
+    elif sys.argv[1] == "grad_scaler":
+        grad_scaler(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "imagefolder":
         imagefolder(sys.argv[2])
     else:

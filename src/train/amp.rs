@@ -1,0 +1,125 @@
+//! Mixed precision: autocast for the forward pass and the loss (through the shim's
+//! non-deprecated per-device API), and for fp16 a GradScaler with PyTorch's semantics:
+//! the loss is multiplied by `scale` before backward; before clipping and the optimizer step the
+//! gradients are unscaled and checked (`_amp_foreach_non_finite_check_and_unscale_`); a step
+//! with an inf/NaN gradient is skipped; the scale then follows `_amp_update_scale_` (halve on
+//! inf, double after `growth_interval` clean steps). `--loss-scale N` fixes the scale instead.
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::dist::process_group::{ProcessGroup, ReduceOp};
+use crate::shim;
+
+pub const INIT_SCALE: f64 = 65536.0;
+pub const GROWTH_FACTOR: f64 = 2.0;
+pub const BACKOFF_FACTOR: f64 = 0.5;
+pub const GROWTH_INTERVAL: i64 = 2000;
+
+/// What a checkpoint keeps of the scaler.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ScalerState {
+    pub scale: f64,
+    pub growth_tracker: i64,
+    pub dynamic: bool,
+}
+
+pub struct GradScaler {
+    scale: Tensor,
+    growth_tracker: Tensor,
+    found_inf: Tensor,
+    dynamic: bool,
+}
+
+impl GradScaler {
+    /// Dynamic scaling from `INIT_SCALE`, or a fixed `static_scale`.
+    pub fn new(device: Device, static_scale: Option<f64>) -> Self {
+        let opts = (Kind::Float, device);
+        GradScaler {
+            scale: Tensor::full([1], static_scale.unwrap_or(INIT_SCALE), opts),
+            growth_tracker: Tensor::zeros([1], (Kind::Int, device)),
+            found_inf: Tensor::zeros([1], opts),
+            dynamic: static_scale.is_none(),
+        }
+    }
+
+    pub fn scale_loss(&self, loss: &Tensor) -> Tensor {
+        loss * self.scale.to_kind(loss.kind())
+    }
+
+    /// Unscales the gradients in place; true if any is inf/NaN on any rank (then skip the step).
+    /// Reads one value back to the host, as PyTorch's GradScaler.step does.
+    pub fn unscale(&mut self, grads: &[Tensor], pg: Option<&ProcessGroup>) -> Result<bool> {
+        let _ = self.found_inf.zero_();
+        let inv = self.scale.reciprocal();
+        shim::amp_unscale(grads, &self.found_inf, &inv)?;
+        if let Some(pg) = pg {
+            // Gradients were averaged already, so ranks agree; make it explicit and exact.
+            pg.all_reduce(&self.found_inf, ReduceOp::Max)?;
+        }
+        Ok(self.found_inf.double_value(&[0]) > 0.0)
+    }
+
+    /// Updates the scale from the last `unscale`'s finding (dynamic scaling only).
+    pub fn update(&mut self) {
+        if self.dynamic {
+            let _ = self.scale.internal_amp_update_scale_(&self.growth_tracker, &self.found_inf, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL);
+        }
+    }
+
+    pub fn state(&self) -> ScalerState {
+        ScalerState { scale: self.scale.double_value(&[0]), growth_tracker: self.growth_tracker.int64_value(&[0]), dynamic: self.dynamic }
+    }
+}
+
+/// The autocast precision for `--amp` on `device`: `auto` is fp16 on CUDA (the faster on an H100
+/// for ResNet-50 in PyTorch's own measurement: 4,786 img/s against 3,986 in bf16) and off on CPU.
+pub fn resolve(amp: &str, device: Device) -> Result<Option<Kind>> {
+    Ok(match (amp, device) {
+        ("off", _) => None,
+        ("auto", Device::Cuda(_)) | ("fp16", Device::Cuda(_)) => Some(Kind::Half),
+        ("auto", _) => None,
+        ("bf16", _) => Some(Kind::BFloat16),
+        ("fp16", _) => crate::bail_user!("--amp fp16 needs a CUDA device; on the CPU use --amp bf16"),
+        (other, _) => crate::bail_user!("invalid --amp '{other}' (expected auto, off, bf16 or fp16)"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grads(values: &[f32]) -> Vec<Tensor> {
+        values.iter().map(|&v| Tensor::from_slice(&[v, 1.0])).collect()
+    }
+
+    #[test]
+    fn scaler_skips_on_inf_backs_off_and_grows() {
+        let mut s = GradScaler::new(Device::Cpu, None);
+        let g = grads(&[4.0, 2.0]);
+        assert!(!s.unscale(&g, None).unwrap());
+        assert_eq!(Vec::<f32>::try_from(&g[0]).unwrap(), vec![4.0 / 65536.0, 1.0 / 65536.0]);
+        s.update();
+        assert_eq!(s.state(), ScalerState { scale: 65536.0, growth_tracker: 1, dynamic: true });
+        assert!(s.unscale(&grads(&[f32::INFINITY, 1.0]), None).unwrap());
+        s.update();
+        assert_eq!(s.state(), ScalerState { scale: 32768.0, growth_tracker: 0, dynamic: true });
+        assert!(s.unscale(&grads(&[f32::NAN]), None).unwrap());
+    }
+
+    #[test]
+    fn static_scale_never_changes() {
+        let mut s = GradScaler::new(Device::Cpu, Some(1024.0));
+        assert!(s.unscale(&grads(&[f32::INFINITY]), None).unwrap());
+        s.update();
+        assert_eq!(s.state().scale, 1024.0);
+    }
+
+    #[test]
+    fn auto_precision_per_device() {
+        assert_eq!(resolve("auto", Device::Cpu).unwrap(), None);
+        assert_eq!(resolve("auto", Device::Cuda(0)).unwrap(), Some(Kind::Half));
+        assert_eq!(resolve("bf16", Device::Cpu).unwrap(), Some(Kind::BFloat16));
+        assert!(resolve("fp16", Device::Cpu).unwrap_err().to_string().contains("--amp bf16"));
+    }
+}
