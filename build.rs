@@ -34,7 +34,7 @@ fn main() {
     let nvidia = lib.join("../../nvidia");
     let (cuda_inc, nccl_inc) = (nvidia.join("cu13/include"), nvidia.join("nccl/include"));
     if cuda_inc.join("nv/target").exists() && cuda_inc.join("crt/host_config.h").exists() && nccl_inc.join("nccl.h").exists() {
-        build.include(&cuda_inc).include(&nccl_inc).define("USE_C10D_NCCL", None).define("USE_CUDA", None).define("RT_WITH_NCCL", None);
+        build.include(&cuda_inc).include(&nccl_inc).define("USE_C10D_NCCL", None).define("USE_CUDA", None).define("RT_WITH_NCCL", None).define("RT_WITH_CUDA", None);
     } else {
         println!("cargo:warning=CUDA/NCCL headers not found under {}: building without NCCL", nvidia.display());
     }

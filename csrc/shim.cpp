@@ -9,6 +9,10 @@
 
 #include <string>
 
+#ifdef RT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 // The calling thread's last error message; dist.cpp reports through it too.
 thread_local std::string rt_error;
 
@@ -106,6 +110,26 @@ int rt_set_grad(rt_tensor* param, rt_tensor* grad) {
     param->mutable_grad() = *grad;
     return 0;
   });
+}
+
+int64_t rt_cuda_peak_memory(int device, int reset) {
+#ifdef RT_WITH_CUDA
+  try {
+    namespace alloc = c10::cuda::CUDACachingAllocator;
+    if (reset) {
+      alloc::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+      return 0;
+    }
+    auto stats = alloc::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  } catch (const std::exception& e) {
+    rt_error = e.what();
+    return -1;
+  }
+#else
+  rt_error = "built without CUDA headers";
+  return -1;
+#endif
 }
 
 const char* rt_torch_version(void) {

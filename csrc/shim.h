@@ -39,6 +39,10 @@ int rt_amp_unscale(rt_tensor** grads, int n, rt_tensor* found_inf, rt_tensor* in
 // accumulates into it in place, so gradients land in the bucket with no copy.
 int rt_set_grad(rt_tensor* param, rt_tensor* grad);
 
+// Peak bytes allocated by the CUDA caching allocator on `device` since the last reset
+// (reset != 0 resets and returns 0); -1 without CUDA.
+int64_t rt_cuda_peak_memory(int device, int reset);
+
 // Versions for bug reports: libtorch "2.11.0"; CUDA runtime and cuDNN as integers (0 = absent).
 const char* rt_torch_version(void);
 int64_t rt_cuda_runtime_version(void);

@@ -46,6 +46,37 @@ enum Command {
     Eval(EvalArgs),
     /// Predict the classes of images: files, flat folders, or ImageFolder trees (then with accuracy).
     Predict(PredictArgs),
+    /// Measure the training step alone on synthetic data (optionally against PyTorch's).
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[arg(long, default_value = "resnet50")]
+    model: String,
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 224)]
+    img_size: u32,
+    /// auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
+    #[arg(long, default_value = "auto")]
+    amp: String,
+    /// Timed steps after the warm-up.
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    #[arg(long, default_value_t = 10)]
+    warmup: usize,
+    /// channels_last memory format [on for CUDA].
+    #[arg(long)]
+    channels_last: Option<bool>,
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Also run bench/torch_step.py with the same settings and print the ratio.
+    #[arg(long)]
+    vs_pytorch: bool,
+    /// Python with torch and torchvision for --vs-pytorch [$RINGTRAIN_PYTHON, else python3].
+    #[arg(long)]
+    python: Option<String>,
 }
 
 #[derive(Args)]
@@ -221,6 +252,9 @@ struct TrainArgs {
     /// Fixed fp16 loss scale (e.g. 1024) instead of dynamic scaling.
     #[arg(long)]
     loss_scale: Option<f64>,
+    /// channels_last memory format [on for CUDA, off on the CPU].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    channels_last: Option<bool>,
 }
 
 #[derive(Args)]
@@ -454,6 +488,43 @@ impl std::fmt::Display for ExitCode {
 
 impl std::error::Error for ExitCode {}
 
+fn bench(a: &BenchArgs) -> Result<()> {
+    let device = config::resolve_device(&a.device)?;
+    if !crate::model::MODEL_NAMES.contains(&a.model.as_str()) {
+        return Err(user_error(format!("unknown --model '{}'", a.model)));
+    }
+    if a.batch_size == 0 || a.steps == 0 {
+        return Err(user_error("--batch-size and --steps must be at least 1"));
+    }
+    let window = a.steps.min(10);
+    let o = crate::bench::BenchOptions {
+        model: a.model.clone(),
+        batch_size: a.batch_size,
+        img_size: a.img_size,
+        amp: crate::train::amp::resolve(&a.amp, device)?,
+        channels_last: a.channels_last.unwrap_or(device.is_cuda()),
+        device,
+        steps: a.steps - a.steps % window,
+        warmup: a.warmup,
+        window,
+    };
+    let mem = |b: Option<u64>| b.map(|b| format!(", peak memory {:.2} GiB", b as f64 / (1u64 << 30) as f64)).unwrap_or_default();
+    say!(
+        "{} batch {} at {}px, {:?}, amp {:?}, channels_last {}: {} timed steps in windows of {window}",
+        o.model, o.batch_size, o.img_size, o.device, o.amp, o.channels_last, o.steps
+    );
+    let ours = crate::bench::run(&o)?;
+    say!("ringtrain: {:.1} img/s{}", ours.images_per_s, mem(ours.peak_memory_bytes));
+    if a.vs_pytorch {
+        let python = a.python.clone().or_else(|| std::env::var("RINGTRAIN_PYTHON").ok()).unwrap_or_else(|| "python3".into());
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_step.py");
+        let theirs = crate::bench::run_pytorch(&o, &python, &script)?;
+        say!("pytorch:   {:.1} img/s{}", theirs.images_per_s, mem(theirs.peak_memory_bytes));
+        say!("ratio ringtrain / pytorch: {:.3}", ours.images_per_s / theirs.images_per_s);
+    }
+    Ok(())
+}
+
 fn version() -> String {
     let mut s = format!("ringtrain {}\nlibtorch {}", env!("CARGO_PKG_VERSION"), shim::torch_version());
     match shim::cuda_version() {
@@ -492,6 +563,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Demo(args)) => demo(&args),
         Some(Command::Eval(args)) => eval(&args),
         Some(Command::Predict(args)) => predict(&args),
+        Some(Command::Bench(args)) => bench(&args),
         None => Err(user_error("no command given; try `ringtrain --help`")),
     }
 }

@@ -76,6 +76,8 @@ pub struct TrainConfig {
     pub amp: String,
     /// A fixed fp16 loss scale instead of dynamic scaling.
     pub loss_scale: Option<f64>,
+    /// channels_last (NHWC) weights and inputs; default: on for CUDA, off on the CPU.
+    pub channels_last: Option<bool>,
 }
 
 impl Default for TrainConfig {
@@ -114,6 +116,7 @@ impl Default for TrainConfig {
             log_every: 50,
             amp: "auto".into(),
             loss_scale: None,
+            channels_last: None,
         }
     }
 }

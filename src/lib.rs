@@ -4,6 +4,7 @@
 //! `train` (loop, optimizer, schedule, checkpoints) → `report` (metrics, classification report);
 //! `cli` ties them to the command line. `shim` is the safe face of the C++ shim in `csrc/`.
 pub mod atomic;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod data;

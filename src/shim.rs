@@ -20,6 +20,7 @@ mod ffi {
         pub fn rt_set_data_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_amp_unscale(grads: *const *mut torch_sys::C_tensor, n: c_int, found_inf: *mut torch_sys::C_tensor, inv_scale: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_set_grad(param: *mut torch_sys::C_tensor, grad: *mut torch_sys::C_tensor) -> c_int;
+        pub fn rt_cuda_peak_memory(device: c_int, reset: c_int) -> i64;
         pub fn rt_torch_version() -> *const c_char;
         pub fn rt_cuda_runtime_version() -> i64;
         pub fn rt_cudnn_version() -> i64;
@@ -142,6 +143,16 @@ pub fn amp_unscale(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> 
 pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<()> {
     check(unsafe { ffi::rt_set_grad(param.as_ptr() as *mut _, grad.as_ptr() as *mut _) })?;
     Ok(())
+}
+
+/// Peak bytes allocated on a CUDA device since the last `reset_cuda_peak_memory`.
+pub fn cuda_peak_memory(device: usize) -> Option<u64> {
+    let v = unsafe { ffi::rt_cuda_peak_memory(device as c_int, 0) };
+    (v >= 0).then_some(v as u64)
+}
+
+pub fn reset_cuda_peak_memory(device: usize) {
+    unsafe { ffi::rt_cuda_peak_memory(device as c_int, 1) };
 }
 
 pub fn torch_version() -> String {

@@ -53,3 +53,43 @@ fn bf16_autocast_training_on_cpu_is_quiet_and_learns() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--amp fp16 needs a CUDA device"));
 }
+
+#[test]
+fn bench_measures_ringtrain_and_pytorch_in_one_run() {
+    let o = common::ringtrain(&[
+        "bench", "--model", "resnet18-cifar", "--img-size", "32", "--batch-size", "8", "--steps", "10", "--warmup", "2",
+        "--device", "cpu", "--amp", "bf16", "--vs-pytorch", "--python", &common::python(),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    let figure = |prefix: &str| -> f64 {
+        let line = stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no '{prefix}' line in {stdout}"));
+        line.split_whitespace().find_map(|w| w.parse::<f64>().ok()).unwrap()
+    };
+    let (ours, theirs, ratio) = (figure("ringtrain:"), figure("pytorch:"), figure("ratio ringtrain / pytorch:"));
+    assert!(ours > 0.0 && theirs > 0.0);
+    assert!((ratio - ours / theirs).abs() < 0.01, "{stdout}");
+}
+
+#[test]
+fn channels_last_training_gives_the_same_numbers_as_contiguous() {
+    let d = tempfile::tempdir().unwrap();
+    for (c, name) in ["circle", "ring"].iter().enumerate() {
+        std::fs::create_dir_all(d.path().join("data").join(name)).unwrap();
+        for i in 0..8 {
+            ringtrain::data::demo::render(c, 36, 2, i).save(d.path().join("data").join(name).join(format!("{i}.png"))).unwrap();
+        }
+    }
+    let run = |name: &str, cl: &str| {
+        let out = d.path().join(name);
+        let o = common::ringtrain(&[
+            "train", "--data", d.path().join("data").to_str().unwrap(), "--out", out.to_str().unwrap(), "--model", "resnet10-tiny",
+            "--img-size", "32", "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--channels-last", cl, "--lr", "0.01",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        Tensor::read_safetensors(out.join("last/model.safetensors")).unwrap().into_iter().collect::<std::collections::HashMap<_, _>>()
+    };
+    let (a, b) = (run("nchw", "false"), run("nhwc", "true"));
+    let diff = a.iter().map(|(k, t)| (t.to_kind(tch::Kind::Double) - b[k].to_kind(tch::Kind::Double)).abs().max().double_value(&[])).fold(0.0, f64::max);
+    assert!(diff < 1e-4, "channels_last changed the result by {diff}");
+}

@@ -157,6 +157,10 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
 
     // ---- model, optimizer, schedule
     let mut model = Model::new(&cfg.model, classes.len() as i64, device)?;
+    let channels_last = cfg.channels_last.unwrap_or(device.is_cuda());
+    if channels_last {
+        shim::var_store_to_channels_last(&model.vs)?;
+    }
     let mut opt = optim::build(cfg, &model.vs)?;
     let params = model.vs.trainable_variables();
     let buffers: Vec<Tensor> = {
@@ -228,7 +232,10 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         let progress = EpochProgress::new(epoch + 1, cfg.epochs, steps_per_epoch, cfg.log_every);
         for (i, batch) in train_loader.epoch(epoch as u64).enumerate() {
             let batch = batch?;
-            let x = normalize_on_device(&batch.images, device, mean, std);
+            let mut x = normalize_on_device(&batch.images, device, mean, std);
+            if channels_last {
+                x = shim::to_channels_last(&x)?;
+            }
             let y = batch.labels.to_device(device);
             lr = sched.lr_at(global_step);
             opt.set_lr(lr);

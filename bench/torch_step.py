@@ -1,0 +1,63 @@
+"""PyTorch reference for `ringtrain bench --vs-pytorch`: the training step alone on synthetic
+inputs, the same way ringtrain measures it (SGD momentum 0.9, cross-entropy, autocast for the
+forward pass and the loss, GradScaler for fp16, median images/s over timed windows after warm-up).
+
+Usage: torch_step.py MODEL BATCH SIZE AMP(off|bf16|fp16) CHANNELS_LAST(0|1) DEVICE STEPS WARMUP WINDOW
+Prints one JSON object: {"images_per_s": ..., "peak_memory_bytes": ...}.
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torchvision
+
+
+def main(model, batch, size, amp, channels_last, device, steps, warmup, window):
+    batch, size, steps, warmup, window = map(int, (batch, size, steps, warmup, window))
+    channels_last = channels_last == "1"
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    if model == "resnet18-cifar":
+        m = torchvision.models.resnet18(num_classes=1000)
+        m.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        m.maxpool = torch.nn.Identity()
+    else:
+        m = getattr(torchvision.models, model)(num_classes=1000)
+    m = m.to(dev)
+    x = torch.randn(batch, 3, size, size, device=dev)
+    if channels_last:
+        m = m.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    scaler = torch.amp.GradScaler(dev.type, enabled=amp == "fp16")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    rates, t0 = [], None
+    for i in range(warmup + steps):
+        if i >= warmup and (i - warmup) % window == 0:
+            sync()
+            now = time.perf_counter()
+            if t0 is not None:
+                rates.append(window * batch / (now - t0))
+            t0 = now
+        with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    sync()
+    rates.append(window * batch / (time.perf_counter() - t0)) if (steps % window == 0) else None
+    peak = torch.cuda.max_memory_allocated(dev) if cuda else None
+    print(json.dumps({"images_per_s": statistics.median(rates), "peak_memory_bytes": peak}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

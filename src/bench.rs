@@ -1,0 +1,145 @@
+//! `ringtrain bench`: the training step alone, on synthetic inputs, measured as
+//! `bench/torch_step.py` measures PyTorch's (same model, batch, precision, memory format,
+//! optimizer): images/s is the median over timed windows after a warm-up; peak device memory
+//! from the CUDA caching allocator. `--vs-pytorch` runs that script in the same invocation and
+//! prints the ratio.
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+use tch::nn::OptimizerConfig;
+use tch::{nn, Device, Kind, Reduction, Tensor};
+
+use crate::model::Model;
+use crate::shim;
+use crate::train::amp::GradScaler;
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub model: String,
+    pub batch_size: usize,
+    pub img_size: u32,
+    /// None, BFloat16 or Half.
+    pub amp: Option<Kind>,
+    pub channels_last: bool,
+    pub device: Device,
+    pub steps: usize,
+    pub warmup: usize,
+    /// Steps per timed window.
+    pub window: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct BenchResult {
+    pub images_per_s: f64,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+pub fn run(o: &BenchOptions) -> Result<BenchResult> {
+    tch::manual_seed(0);
+    if o.device.is_cuda() {
+        tch::Cuda::cudnn_set_benchmark(true);
+    }
+    let model = Model::new(&o.model, 1000, o.device)?;
+    let mut x = Tensor::randn([o.batch_size as i64, 3, o.img_size as i64, o.img_size as i64], (Kind::Float, o.device));
+    if o.channels_last {
+        shim::var_store_to_channels_last(&model.vs)?;
+        x = shim::to_channels_last(&x)?;
+    }
+    let y = Tensor::randint(1000, [o.batch_size as i64], (Kind::Int64, o.device));
+    let mut opt = nn::Sgd { momentum: 0.9, ..Default::default() }.build(&model.vs, 0.1)?;
+    let mut scaler = (o.amp == Some(Kind::Half)).then(|| GradScaler::new(o.device, None));
+    let params = model.vs.trainable_variables();
+    if let Device::Cuda(i) = o.device {
+        shim::reset_cuda_peak_memory(i);
+    }
+    let mut rates = Vec::new();
+    let mut t0: Option<Instant> = None;
+    for i in 0..o.warmup + o.steps {
+        if i >= o.warmup && (i - o.warmup) % o.window == 0 {
+            sync(o.device);
+            if let Some(t) = t0 {
+                rates.push((o.window * o.batch_size) as f64 / t.elapsed().as_secs_f64());
+            }
+            t0 = Some(Instant::now());
+        }
+        let loss = {
+            let _autocast = o.amp.map(|k| shim::autocast(o.device, k)).transpose()?;
+            model.forward(&x, true).cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, 0.0).to_kind(Kind::Float)
+        };
+        opt.zero_grad();
+        match &scaler {
+            Some(s) => s.scale_loss(&loss).f_backward()?,
+            None => loss.f_backward()?,
+        }
+        let skip = match scaler.as_mut() {
+            Some(s) => s.unscale(&params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect::<Vec<_>>(), None)?,
+            None => false,
+        };
+        if !skip {
+            opt.step();
+        }
+        if let Some(s) = scaler.as_mut() {
+            s.update();
+        }
+    }
+    sync(o.device);
+    if o.steps % o.window == 0 {
+        if let Some(t) = t0 {
+            rates.push((o.window * o.batch_size) as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    rates.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = rates.len();
+    let median = match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => rates[n / 2],
+        _ => (rates[n / 2 - 1] + rates[n / 2]) / 2.0,
+    };
+    let peak_memory_bytes = match o.device {
+        Device::Cuda(i) => shim::cuda_peak_memory(i),
+        _ => None,
+    };
+    Ok(BenchResult { images_per_s: median, peak_memory_bytes })
+}
+
+/// Runs `bench/torch_step.py` with the same settings in `python`.
+pub fn run_pytorch(o: &BenchOptions, python: &str, script: &PathBuf) -> Result<BenchResult> {
+    let amp = match o.amp {
+        Some(Kind::BFloat16) => "bf16",
+        Some(Kind::Half) => "fp16",
+        _ => "off",
+    };
+    let device = match o.device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".into(),
+    };
+    let args = [
+        o.model.clone(),
+        o.batch_size.to_string(),
+        o.img_size.to_string(),
+        amp.into(),
+        (o.channels_last as u8).to_string(),
+        device,
+        o.steps.to_string(),
+        o.warmup.to_string(),
+        o.window.to_string(),
+    ];
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(&args)
+        .output()
+        .with_context(|| format!("running {python} {}", script.display()))?;
+    if !out.status.success() {
+        anyhow::bail!("the PyTorch reference failed: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or("")).with_context(|| format!("parsing the PyTorch reference's output: {text}"))
+}
