@@ -255,6 +255,9 @@ struct TrainArgs {
     /// channels_last memory format [on for CUDA, off on the CPU].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     channels_last: Option<bool>,
+    /// Replace the run already in --out (its checkpoints are lost).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    overwrite: Option<bool>,
 }
 
 #[derive(Args)]
@@ -317,6 +320,7 @@ fn demo(args: &DemoArgs) -> Result<()> {
         seed: args.seed,
         device: args.device.clone(),
         log_every: 25,
+        overwrite: true, // the demo's run directory is a scratch area
         ..Default::default()
     };
     let summary = crate::train::run(&cfg, None)?;

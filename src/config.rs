@@ -78,6 +78,8 @@ pub struct TrainConfig {
     pub loss_scale: Option<f64>,
     /// channels_last (NHWC) weights and inputs; default: on for CUDA, off on the CPU.
     pub channels_last: Option<bool>,
+    /// Replace an earlier run in `out` (otherwise a run directory with checkpoints is refused).
+    pub overwrite: bool,
 }
 
 impl Default for TrainConfig {
@@ -117,6 +119,7 @@ impl Default for TrainConfig {
             amp: "auto".into(),
             loss_scale: None,
             channels_last: None,
+            overwrite: false,
         }
     }
 }
@@ -172,6 +175,11 @@ pub fn resolve_device(spec: &str) -> Result<Device> {
 }
 
 impl TrainConfig {
+    /// Whether `out` already holds a run (checkpoints).
+    pub fn holds_run(&self) -> bool {
+        ["last", "best"].iter().any(|d| self.out.join(d).exists())
+    }
+
     pub fn eval_resize(&self) -> u32 {
         self.eval_resize.unwrap_or(((self.img_size as f64) / 0.875).round() as u32)
     }
@@ -260,6 +268,12 @@ impl TrainConfig {
         }
         if self.workers == Some(0) || self.prefetch == 0 {
             bail_user!("--workers and --prefetch must be at least 1");
+        }
+        if self.holds_run() && !self.overwrite {
+            bail_user!(
+                "--out {} already holds a run (checkpoints in last/ or best/); choose another --out, or pass --overwrite to replace it",
+                self.out.display()
+            );
         }
         if let Some(s) = self.loss_scale {
             if !pos(s) {

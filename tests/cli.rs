@@ -79,6 +79,16 @@ fn config_file_is_used_and_flags_override_it() {
     assert_eq!(resolved["lr"].as_float(), Some(0.02));
     assert_eq!(resolved["batch_size"].as_integer(), Some(4));
     assert_eq!(resolved["model"].as_str(), Some("resnet10-tiny"));
+
+    // A second run into the same directory is refused, and the first run's checkpoint stays.
+    let before = std::fs::read(out.join("last/model.safetensors")).unwrap();
+    let args = ["train", "--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--device", "cpu"];
+    expect_user_error(&args, "already holds a run");
+    assert_eq!(std::fs::read(out.join("last/model.safetensors")).unwrap(), before);
+    let o = ringtrain(&[&args[..], &["--overwrite"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let events = std::fs::read_dir(&out).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("events.out")).count();
+    assert_eq!(events, 1, "--overwrite replaces the event file too");
 }
 
 #[test]

@@ -90,10 +90,22 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         return Err(user_error(format!("--batch-size {} (the global batch) must be divisible by the world size {world}", cfg.batch_size)));
     }
     let batch = cfg.batch_size / world;
+    // The node's cores are shared among its ranks, for data workers and (as torchrun does)
+    // for libtorch's intra-op threads.
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     if local_world > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
-        // As torchrun does: ranks of a node share its cores instead of each taking all of them.
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         tch::set_num_threads((cores / local_world).max(1) as i32);
+    }
+    // validate() refused an earlier run in --out unless --overwrite: then its events go too.
+    let run_dir = cfg.out.clone();
+    if cfg.holds_run() {
+        if is_main {
+            for e in std::fs::read_dir(&run_dir)?.flatten() {
+                if e.file_name().to_string_lossy().starts_with("events.out.tfevents.") {
+                    std::fs::remove_file(e.path())?;
+                }
+            }
+        }
     }
     if device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
@@ -112,8 +124,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         }
         None => split_stratified(&train_folder, cfg.val_split, cfg.seed),
     };
-    // The node's cores are shared among its ranks.
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let workers = cfg.workers.unwrap_or((cores / local_world).max(1));
     let n_train = train_samples.len();
     let shard = |pad| (world > 1).then_some(Shard { rank, world, pad });
@@ -145,7 +155,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     )?;
 
     // ---- run directory: rank 0 alone writes
-    let run_dir = cfg.out.clone();
     let mut tb = None;
     if is_main {
         std::fs::create_dir_all(&run_dir).with_context(|| format!("creating --out {}", run_dir.display()))?;
