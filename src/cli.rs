@@ -258,6 +258,9 @@ struct TrainArgs {
     /// Replace the run already in --out (its checkpoints are lost).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     overwrite: Option<bool>,
+    /// Stop at the first unreadable image instead of skipping it with a warning.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    strict: Option<bool>,
 }
 
 #[derive(Args)]

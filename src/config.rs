@@ -80,6 +80,8 @@ pub struct TrainConfig {
     pub channels_last: Option<bool>,
     /// Replace an earlier run in `out` (otherwise a run directory with checkpoints is refused).
     pub overwrite: bool,
+    /// An unreadable image is an error, instead of a warning and a skip.
+    pub strict: bool,
 }
 
 impl Default for TrainConfig {
@@ -120,6 +122,7 @@ impl Default for TrainConfig {
             loss_scale: None,
             channels_last: None,
             overwrite: false,
+            strict: false,
         }
     }
 }

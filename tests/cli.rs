@@ -123,3 +123,40 @@ fn version_names_ringtrain_and_libtorch() {
     assert!(s.starts_with(&format!("ringtrain {}", env!("CARGO_PKG_VERSION"))), "{s}");
     assert!(s.contains("libtorch 2.11.0"), "{s}");
 }
+
+#[test]
+fn unreadable_images_are_skipped_with_a_warning_or_stop_the_run_with_strict() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_folder(&data, &["a", "b"], 6);
+    std::fs::write(data.join("a/truncated.png"), b"\x89PNG\r\n\x1a\n truncated").unwrap();
+    std::fs::write(data.join("b/text.jpg"), b"not a jpeg at all").unwrap();
+    let out = d.path().join("run");
+    let base = ["train", "--data", data.to_str().unwrap(), "--model", "resnet10-tiny", "--img-size", "32", "--epochs", "2", "--batch-size", "4", "--device", "cpu", "--val-split", "0.2"];
+    let o = ringtrain(&[&base[..], &["--out", out.to_str().unwrap()]].concat());
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{stderr}");
+    for bad in ["truncated.png", "text.jpg"] {
+        assert_eq!(stderr.lines().filter(|l| l.contains(bad)).count(), 1, "one warning per file, naming it: {stderr}");
+    }
+    assert!(stdout.contains("unreadable images skipped"), "{stdout}");
+
+    let strict = d.path().join("strict");
+    let o = ringtrain(&[&base[..], &["--out", strict.to_str().unwrap(), "--strict"]].concat());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: ") && (stderr.contains("truncated.png") || stderr.contains("text.jpg")), "{stderr}");
+
+    // Nothing decodes: an error before training, naming the folder.
+    let broken = d.path().join("broken");
+    for c in ["a", "b"] {
+        std::fs::create_dir_all(broken.join(c)).unwrap();
+        std::fs::write(broken.join(c).join("x.png"), b"nope").unwrap();
+        std::fs::write(broken.join(c).join("y.png"), b"nope").unwrap();
+    }
+    let o = ringtrain(&["train", "--data", broken.to_str().unwrap(), "--out", d.path().join("r3").to_str().unwrap(), "--device", "cpu"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("could be read") && stderr.contains("broken"), "{stderr}");
+    assert!(!d.path().join("r3").exists());
+}

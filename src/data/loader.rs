@@ -192,7 +192,8 @@ fn make_batch(
                 pixels.extend_from_slice(&p);
                 kept.push(i);
             }
-            Err(e) if skip_unreadable => skipped.push((samples[i].0.clone(), format!("{e:#}"))),
+            // The path goes with the warning; the reason is the decoder's own words.
+            Err(e) if skip_unreadable => skipped.push((samples[i].0.clone(), e.root_cause().to_string())),
             Err(e) => return Err(e),
         }
     }

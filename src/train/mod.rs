@@ -60,6 +60,50 @@ fn split_stratified(folder: &ImageFolder, fraction: f64, seed: u64) -> (Samples,
     (train, val)
 }
 
+/// Images the `i`-th training batch of an epoch should hold on this rank.
+fn batch_len(loader: &Loader, i: usize, batch: usize) -> usize {
+    batch.min(loader.shard_len() - i * batch)
+}
+
+/// Keeps a training batch at its size when some of its images could not be read, by repeating
+/// readable ones: every rank then takes the same steps with the same batch size, and BatchNorm
+/// never sees a batch of one.
+fn refill(batch: crate::data::loader::Batch, want: usize) -> Result<crate::data::loader::Batch> {
+    let have = batch.indices.len();
+    if have == want {
+        return Ok(batch);
+    }
+    if have == 0 {
+        return Err(user_error("every image of a training batch was unreadable (see the warnings above); use --strict to stop at the first one"));
+    }
+    let pick: Vec<i64> = (0..want as i64).map(|j| j % have as i64).collect();
+    let idx = Tensor::from_slice(&pick);
+    Ok(crate::data::loader::Batch {
+        images: batch.images.index_select(0, &idx),
+        labels: batch.labels.index_select(0, &idx),
+        indices: pick.iter().map(|&j| batch.indices[j as usize]).collect(),
+        skipped: batch.skipped,
+    })
+}
+
+/// A data set where nothing decodes is an error before training, not a run of skipped batches.
+fn check_something_decodes(paths: &[PathBuf], root: &std::path::Path) -> Result<()> {
+    let mut first_error = None;
+    for p in paths {
+        match crate::data::decode::decode_rgb(p) {
+            Ok(_) => return Ok(()),
+            Err(e) if first_error.is_none() => first_error = Some(format!("{e:#}")),
+            Err(_) => {}
+        }
+    }
+    Err(user_error(format!(
+        "none of the first {} images under {} could be read (first error: {})",
+        paths.len(),
+        root.display(),
+        first_error.unwrap_or_default()
+    )))
+}
+
 fn fmt_duration(s: f64) -> String {
     let s = s.round() as u64;
     match (s / 3600, (s % 3600) / 60, s % 60) {
@@ -89,7 +133,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     if cfg.batch_size % world != 0 {
         return Err(user_error(format!("--batch-size {} (the global batch) must be divisible by the world size {world}", cfg.batch_size)));
     }
-    let batch = cfg.batch_size / world;
+    let rank_batch = cfg.batch_size / world;
     // The node's cores are shared among its ranks, for data workers and (as torchrun does)
     // for libtorch's intra-op threads.
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
@@ -126,6 +170,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     };
     let workers = cfg.workers.unwrap_or((cores / local_world).max(1));
     let n_train = train_samples.len();
+    let train_loader_samples_head: Vec<PathBuf> = train_samples.iter().take(1000).map(|s| s.0.clone()).collect();
     let shard = |pad| (world > 1).then_some(Shard { rank, world, pad });
     let train_loader = Loader::new(
         train_samples,
@@ -138,21 +183,23 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         // A last batch of one image would break BatchNorm's training statistics: drop only that.
         // Padded shards are equal, so every rank takes the same number of steps.
         LoaderOptions {
-            batch_size: batch,
+            batch_size: rank_batch,
             shuffle: true,
-            drop_last: n_train.div_ceil(world) % batch == 1,
+            drop_last: n_train.div_ceil(world) % rank_batch == 1,
             seed: cfg.seed,
             workers,
             prefetch: cfg.prefetch,
-            skip_unreadable: false,
+            skip_unreadable: !cfg.strict,
             shard: shard(true),
         },
     )?;
     let val_loader = Loader::new(
         val_samples,
         Transform::Eval { size: cfg.img_size, resize: cfg.eval_resize() },
-        LoaderOptions { batch_size: batch, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch, skip_unreadable: false, shard: shard(false) },
+        LoaderOptions { batch_size: rank_batch, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch, skip_unreadable: !cfg.strict, shard: shard(false) },
     )?;
+
+    check_something_decodes(&train_loader_samples_head, data_dir)?;
 
     // ---- run directory: rank 0 alone writes
     let mut tb = None;
@@ -187,7 +234,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             let ddp = Ddp::new(pg, &params, d.bucket_mb, d.grad_compress)?;
             ddp.broadcast_state(&model.vs)?;
             say!(
-                "distributed: {world} ranks ({}), {backend:?}, master {}:{}, global batch {} = {world} × {batch}, {} gradient buckets of ≤ {} MB{}{}",
+                "distributed: {world} ranks ({}), {backend:?}, master {}:{}, global batch {} = {world} × {rank_batch}, {} gradient buckets of ≤ {} MB{}{}",
                 d.env.source,
                 d.env.master_addr,
                 d.env.master_port,
@@ -229,6 +276,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let mut rows: Vec<EpochRow> = Vec::new();
     let mut best: Option<(usize, eval::EvalResult)> = None;
     let mut global_step = 0usize;
+    let mut warned: std::collections::HashSet<PathBuf> = Default::default();
     let run_start = Instant::now();
     for epoch in 0..cfg.epochs {
         // ---- train one epoch
@@ -237,10 +285,18 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         let mut correct = Tensor::zeros([], (Kind::Int64, device));
         let mut seen = 0usize;
         let mut skipped_steps = 0usize;
+        let mut unreadable = 0usize;
         let mut lr = sched.lr_at(global_step);
         let progress = EpochProgress::new(epoch + 1, cfg.epochs, steps_per_epoch, cfg.log_every);
         for (i, batch) in train_loader.epoch(epoch as u64).enumerate() {
-            let batch = batch?;
+            let mut batch = batch?;
+            unreadable += batch.skipped.len();
+            for (p, e) in batch.skipped.drain(..) {
+                if warned.insert(p.clone()) {
+                    eprintln!("warning: skipped unreadable image {}: {e}", p.display());
+                }
+            }
+            let batch = refill(batch, batch_len(&train_loader, i, rank_batch))?;
             let mut x = normalize_on_device(&batch.images, device, mean, std);
             if channels_last {
                 x = shim::to_channels_last(&x)?;
@@ -318,6 +374,12 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
 
         // ---- validate
         let ev = eval::evaluate(&model, &val_loader, device, mean, std, pg)?;
+        for (p, e) in &ev.skipped {
+            if warned.insert(p.clone()) {
+                eprintln!("warning: skipped unreadable image {}: {e}", p.display());
+            }
+        }
+        unreadable += ev.skipped.len();
         let row = EpochRow {
             epoch: epoch + 1,
             train_loss,
@@ -373,6 +435,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             ("epoch/seconds", row.seconds),
             ("epoch/allreduce_share", comm_share.unwrap_or(0.0)),
             ("epoch/amp_skipped_steps", skipped_steps as f64),
+            ("epoch/unreadable_images", unreadable as f64),
             ] {
                 tb.scalar(tag, v, e)?;
             }
@@ -390,7 +453,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             100.0 * ev.top5,
             lr,
             row.images_per_s,
-            comm_share.map(|c| format!(" (all-reduce {:.1}% of rank 0's time)", 100.0 * c)).unwrap_or_default(),
+            comm_share.map(|c| format!(" (all-reduce {:.1}% of rank 0's time)", 100.0 * c)).unwrap_or_default()
+                + &if unreadable > 0 { format!(" | {unreadable} unreadable images skipped") } else { String::new() },
             100.0 * best_top1,
             best_epoch
         );
