@@ -9,7 +9,7 @@ fn main() {
             .expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB; run scripts/setup.sh"),
     );
     let include = lib.join("../include");
-    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/sync_bn.cpp", "csrc/shim.h", "csrc/pg.h"] {
+    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/sync_bn.cpp", "csrc/shim.h", "csrc/pg.h", "csrc/error.h"] {
         println!("cargo:rerun-if-changed={f}");
     }
 

@@ -13,6 +13,7 @@
 //    aborts the communicator and surfaces as an error in wait(), instead of a hang.
 #include "shim.h"
 #include "pg.h"
+#include "error.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -27,7 +28,6 @@
 #include <memory>
 #include <string>
 
-extern thread_local std::string rt_error;  // defined in shim.cpp
 
 
 struct rt_work {
@@ -35,20 +35,6 @@ struct rt_work {
 };
 
 namespace {
-template <typename F>
-auto guard(F&& f, decltype(f()) on_error) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    rt_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    rt_error = e.what();
-  } catch (...) {
-    rt_error = "unknown C++ exception";
-  }
-  return on_error;
-}
-
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -74,7 +60,7 @@ int rt_nccl_available(void) {
 
 rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int rank, int world,
                  int64_t timeout_ms) {
-  return guard([&]() -> rt_pg* {
+  return rt_guard<rt_pg*>([&]() -> rt_pg* {
     const auto timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(port);
@@ -125,7 +111,7 @@ void rt_pg_free(rt_pg* pg) {
 }
 
 rt_work* rt_pg_allreduce(rt_pg* pg, at::Tensor* t, int op) {
-  return guard([&]() -> rt_work* {
+  return rt_guard<rt_work*>([&]() -> rt_work* {
     std::vector<at::Tensor> ts{*t};
     c10d::AllreduceOptions o;
     o.reduceOp = reduce_op(op);
@@ -134,7 +120,7 @@ rt_work* rt_pg_allreduce(rt_pg* pg, at::Tensor* t, int op) {
 }
 
 rt_work* rt_pg_broadcast(rt_pg* pg, at::Tensor* t, int root) {
-  return guard([&]() -> rt_work* {
+  return rt_guard<rt_work*>([&]() -> rt_work* {
     std::vector<at::Tensor> ts{*t};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -143,7 +129,7 @@ rt_work* rt_pg_broadcast(rt_pg* pg, at::Tensor* t, int root) {
 }
 
 rt_work* rt_pg_allgather(rt_pg* pg, at::Tensor* out, at::Tensor* in) {
-  return guard([&]() -> rt_work* {
+  return rt_guard<rt_work*>([&]() -> rt_work* {
     // out is [world, *in.shape]; its slices are the per-rank outputs.
     std::vector<std::vector<at::Tensor>> outs{out->unbind(0)};
     std::vector<at::Tensor> ins{*in};
@@ -152,11 +138,11 @@ rt_work* rt_pg_allgather(rt_pg* pg, at::Tensor* out, at::Tensor* in) {
 }
 
 rt_work* rt_pg_barrier(rt_pg* pg) {
-  return guard([&]() -> rt_work* { return new rt_work{pg->backend->barrier()}; }, nullptr);
+  return rt_guard<rt_work*>([&]() -> rt_work* { return new rt_work{pg->backend->barrier()}; }, nullptr);
 }
 
 int rt_work_wait(rt_work* w) {
-  int rc = guard([&]() -> int { return w->work->wait() ? 0 : -1; }, -1);
+  int rc = rt_guard<int>([&]() -> int { return w->work->wait() ? 0 : -1; }, -1);
   delete w;
   return rc;
 }

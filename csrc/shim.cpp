@@ -1,5 +1,6 @@
 // See shim.h for the contract. Kept small on purpose: one function per missing libtorch feature.
 #include "shim.h"
+#include "error.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -13,23 +14,13 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
-// The calling thread's last error message; dist.cpp reports through it too.
+// The calling thread's last error message (error.h).
 thread_local std::string rt_error;
 
 namespace {
-
 template <typename F>
 int guarded(F&& f) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    rt_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    rt_error = e.what();
-  } catch (...) {
-    rt_error = "unknown C++ exception";
-  }
-  return -1;
+  return rt_guard<int>(std::forward<F>(f), -1);
 }
 
 at::DeviceType device_type(int d) { return static_cast<at::DeviceType>(d); }
@@ -69,15 +60,7 @@ int rt_autocast_get_dtype(int dev) {
 void rt_autocast_clear_cache(void) { at::autocast::clear_cache(); }
 
 rt_tensor* rt_to_channels_last(rt_tensor* t) {
-  try {
-    return new at::Tensor(t->contiguous(at::MemoryFormat::ChannelsLast));
-  } catch (const c10::Error& e) {
-    rt_error = e.what_without_backtrace();
-    return nullptr;
-  } catch (const std::exception& e) {
-    rt_error = e.what();
-    return nullptr;
-  }
+  return rt_guard<rt_tensor*>([&] { return new at::Tensor(t->contiguous(at::MemoryFormat::ChannelsLast)); }, nullptr);
 }
 
 int rt_is_channels_last(rt_tensor* t) {
@@ -114,7 +97,7 @@ int rt_set_grad(rt_tensor* param, rt_tensor* grad) {
 
 int64_t rt_cuda_peak_memory(int device, int reset) {
 #ifdef RT_WITH_CUDA
-  try {
+  return rt_guard<int64_t>([&]() -> int64_t {
     namespace alloc = c10::cuda::CUDACachingAllocator;
     if (reset) {
       alloc::resetPeakStats(static_cast<c10::DeviceIndex>(device));
@@ -122,10 +105,7 @@ int64_t rt_cuda_peak_memory(int device, int reset) {
     }
     auto stats = alloc::getDeviceStats(static_cast<c10::DeviceIndex>(device));
     return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-  } catch (const std::exception& e) {
-    rt_error = e.what();
-    return -1;
-  }
+  }, -1);
 #else
   rt_error = "built without CUDA headers";
   return -1;

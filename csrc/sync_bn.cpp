@@ -13,6 +13,7 @@
 // Sums are accumulated in float64 so E[x²] - E[x]² does not lose the variance to cancellation.
 #include "shim.h"
 #include "pg.h"
+#include "error.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -20,7 +21,6 @@
 
 #include <string>
 
-extern thread_local std::string rt_error;
 
 
 namespace {
@@ -101,13 +101,8 @@ struct SyncBatchNorm : public torch::autograd::Function<SyncBatchNorm> {
 extern "C" at::Tensor* rt_sync_batch_norm(rt_pg* pg, at::Tensor* x, at::Tensor* weight, at::Tensor* bias,
                                           at::Tensor* running_mean, at::Tensor* running_var,
                                           double momentum, double eps) {
-  try {
+  return rt_guard<at::Tensor*>([&] {
     return new at::Tensor(SyncBatchNorm::apply(*x, *weight, *bias, *running_mean, *running_var, momentum,
                                                eps, reinterpret_cast<int64_t>(pg)));
-  } catch (const c10::Error& e) {
-    rt_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    rt_error = e.what();
-  }
-  return nullptr;
+  }, nullptr);
 }

@@ -90,8 +90,16 @@ struct EvalArgs {
     /// Where the report goes [<run>/eval-<checkpoint name>].
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    infer: InferArgs,
+}
+
+/// How eval and predict run the model.
+#[derive(Args)]
+struct InferArgs {
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
+    /// auto | cpu | cuda | cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
     /// Data worker threads [available cores].
@@ -113,12 +121,8 @@ struct PredictArgs {
     /// Classes and probabilities listed per image.
     #[arg(long, default_value_t = 5)]
     topk: usize,
-    #[arg(long, default_value_t = 64)]
-    batch_size: usize,
-    #[arg(long, default_value = "auto")]
-    device: String,
-    #[arg(long)]
-    workers: Option<usize>,
+    #[command(flatten)]
+    infer: InferArgs,
 }
 
 /// How many processes, and how they meet. Not part of the saved config: a run's result does not
@@ -336,8 +340,8 @@ fn workers(n: Option<usize>) -> usize {
 }
 
 fn eval(args: &EvalArgs) -> Result<()> {
-    let device = config::resolve_device(&args.device)?;
-    if args.batch_size == 0 {
+    let device = config::resolve_device(&args.infer.device)?;
+    if args.infer.batch_size == 0 {
         return Err(user_error("--batch-size must be at least 1"));
     }
     let (model, state) = checkpoint::load(&args.checkpoint, device)?;
@@ -353,11 +357,9 @@ fn eval(args: &EvalArgs) -> Result<()> {
     let loader = Loader::new(
         folder.samples,
         Transform::Eval { size: state.img_size, resize: state.eval_resize },
-        LoaderOptions { batch_size: args.batch_size, shuffle: false, drop_last: false, seed: 0, workers: workers(args.workers), prefetch: 4, skip_unreadable: true, shard: None },
+        LoaderOptions { batch_size: args.infer.batch_size, shuffle: false, drop_last: false, seed: 0, workers: workers(args.infer.workers), prefetch: 4, skip_unreadable: true, shard: None },
     )?;
-    let mean = [state.mean[0], state.mean[1], state.mean[2]];
-    let std = [state.std[0], state.std[1], state.std[2]];
-    let ev = evaluate(&model, &loader, device, mean, std, None)?;
+    let ev = evaluate(&model, &loader, device, state.mean3(), state.std3(), None)?;
     for (p, e) in &ev.skipped {
         eprintln!("warning: skipped unreadable image {}: {e}", p.display());
     }
@@ -386,9 +388,9 @@ fn predict(args: &PredictArgs) -> Result<()> {
         inputs: args.inputs.clone(),
         out: args.out.clone(),
         topk: args.topk,
-        batch_size: args.batch_size,
-        device: config::resolve_device(&args.device)?,
-        workers: workers(args.workers),
+        batch_size: args.infer.batch_size,
+        device: config::resolve_device(&args.infer.device)?,
+        workers: workers(args.infer.workers),
     };
     let s = crate::predict::predict(&opts)?;
     for (p, e) in &s.skipped {

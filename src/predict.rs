@@ -107,8 +107,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
         Transform::Eval { size: state.img_size, resize: state.eval_resize },
         LoaderOptions { batch_size: o.batch_size, shuffle: false, drop_last: false, seed: 0, workers: o.workers, prefetch: 4, skip_unreadable: true, shard: None },
     )?;
-    let mean = [state.mean[0], state.mean[1], state.mean[2]];
-    let std = [state.std[0], state.std[1], state.std[2]];
+    let (mean, std) = (state.mean3(), state.std3());
     let k = o.topk.min(state.classes.len());
     let (mut predictions, mut skipped) = (Vec::new(), Vec::new());
     tch::no_grad(|| -> Result<()> {

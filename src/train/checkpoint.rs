@@ -35,6 +35,16 @@ pub struct CheckpointState {
     pub config: TrainConfig,
 }
 
+impl CheckpointState {
+    pub fn mean3(&self) -> [f64; 3] {
+        [self.mean[0], self.mean[1], self.mean[2]]
+    }
+
+    pub fn std3(&self) -> [f64; 3] {
+        [self.std[0], self.std[1], self.std[2]]
+    }
+}
+
 pub fn save(dir: &Path, model: &Model, state: &CheckpointState) -> Result<()> {
     atomic::write_dir(dir, |tmp| {
         model.save_safetensors(&tmp.join(MODEL_FILE))?;
@@ -53,10 +63,14 @@ pub fn load_state(dir: &Path) -> Result<CheckpointState> {
         Ok(b) => b,
         Err(e) => bail_user!("--checkpoint {}: cannot read {STATE_FILE}: {e}", dir.display()),
     };
-    match serde_json::from_slice(&bytes) {
-        Ok(s) => Ok(s),
+    let state: CheckpointState = match serde_json::from_slice(&bytes) {
+        Ok(s) => s,
         Err(e) => bail_user!("--checkpoint {}: invalid {STATE_FILE}: {e}", dir.display()),
+    };
+    if state.mean.len() != 3 || state.std.len() != 3 || state.classes.is_empty() {
+        bail_user!("--checkpoint {}: {STATE_FILE} needs three mean and std values and at least one class", dir.display());
     }
+    Ok(state)
 }
 
 /// The model of a checkpoint directory, ready for inference, with its state.
