@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
+use tch::Device;
 
 use crate::config::{self, OptimizerKind, SchedKind, TrainConfig};
 use crate::data::demo;
@@ -12,7 +13,8 @@ use crate::dist::env as dist_env;
 use crate::dist::launcher::{self, LaunchSpec};
 use crate::dist::DistSetup;
 use crate::data::folder::ImageFolder;
-use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::loader::{Loader, LoaderOptions, Shard};
+use crate::dist::process_group::{nccl_available, Backend, ProcessGroup};
 use crate::data::transform::Transform;
 use crate::predict::PredictOptions;
 use crate::report::write_evaluation;
@@ -340,9 +342,26 @@ fn workers(n: Option<usize>) -> usize {
 }
 
 fn eval(args: &EvalArgs) -> Result<()> {
-    let device = config::resolve_device(&args.infer.device)?;
+    let mut device = config::resolve_device(&args.infer.device)?;
     if args.infer.batch_size == 0 {
         return Err(user_error("--batch-size must be at least 1"));
+    }
+    // Under torchrun, srun or mpirun each rank evaluates its shard; the counts are combined
+    // so every image counts exactly once, and rank 0 writes the report.
+    let denv = dist_env::from_process_env()?;
+    if let (Some(e), Device::Cuda(_)) = (&denv, device) {
+        device = Device::Cuda(e.local_rank);
+    }
+    let pg = match &denv {
+        Some(e) => {
+            let backend = if device.is_cuda() && nccl_available() { Backend::Nccl } else { Backend::Gloo };
+            Some(ProcessGroup::new(backend, &e.master_addr, e.master_port, e.rank, e.world_size, std::time::Duration::from_secs(1800))?)
+        }
+        None => None,
+    };
+    let is_main = pg.as_ref().is_none_or(|p| p.rank == 0);
+    if !is_main {
+        crate::report::progress::set_quiet(true);
     }
     let (model, state) = checkpoint::load(&args.checkpoint, device)?;
     let folder = ImageFolder::scan(&args.data, "--data")?;
@@ -357,9 +376,18 @@ fn eval(args: &EvalArgs) -> Result<()> {
     let loader = Loader::new(
         folder.samples,
         Transform::Eval { size: state.img_size, resize: state.eval_resize },
-        LoaderOptions { batch_size: args.infer.batch_size, shuffle: false, drop_last: false, seed: 0, workers: workers(args.infer.workers), prefetch: 4, skip_unreadable: true, shard: None },
+        LoaderOptions {
+            batch_size: args.infer.batch_size,
+            shuffle: false,
+            drop_last: false,
+            seed: 0,
+            workers: workers(args.infer.workers),
+            prefetch: 4,
+            skip_unreadable: true,
+            shard: pg.as_ref().map(|p| Shard { rank: p.rank, world: p.world_size, pad: false }),
+        },
     )?;
-    let ev = evaluate(&model, &loader, device, state.mean3(), state.std3(), None)?;
+    let ev = evaluate(&model, &loader, device, state.mean3(), state.std3(), pg.as_ref())?;
     for (p, e) in &ev.skipped {
         eprintln!("warning: skipped unreadable image {}: {e}", p.display());
     }
@@ -367,6 +395,9 @@ fn eval(args: &EvalArgs) -> Result<()> {
         let name = args.checkpoint.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
         args.checkpoint.parent().unwrap_or(Path::new(".")).join(format!("eval-{name}"))
     });
+    if !is_main {
+        return Ok(());
+    }
     let title = format!("{} — {}", state.model, args.data.display());
     let report = write_evaluation(&out, &state.classes, &ev, &title)?;
     say!(

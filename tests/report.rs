@@ -115,6 +115,22 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     assert_eq!(confusion.iter().flatten().sum::<u64>(), 723);
     assert_eq!(confusion[0].iter().sum::<u64>(), 40, "Black-grass has 40 test images");
 
+    // The same evaluation sharded over 2 ranks under torchrun: the same numbers, each image once.
+    let sharded = d.path().join("eval_sharded");
+    let torchrun = std::path::Path::new(&common::python()).with_file_name("torchrun");
+    let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
+    let o = std::process::Command::new(&torchrun)
+        .args(["--nproc-per-node", "2", "--master-port", &port, "--no-python", env!("CARGO_BIN_EXE_ringtrain")])
+        .args(["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", test.to_str().unwrap(), "--out", sharded.to_str().unwrap(), "--device", "cpu"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "torchrun eval: {}", String::from_utf8_lossy(&o.stderr));
+    let m2: serde_json::Value = serde_json::from_slice(&std::fs::read(sharded.join("metrics.json")).unwrap()).unwrap();
+    assert_eq!(m2["images"], 723);
+    assert_eq!(m2["confusion_matrix"], metrics["confusion_matrix"]);
+    assert!((m2["top1"].as_f64().unwrap() - eval_top1).abs() < 1e-12);
+    assert!((m2["loss"].as_f64().unwrap() - metrics["loss"].as_f64().unwrap()).abs() < 1e-5);
+
     let csv_path = d.path().join("pred.csv");
     let o = common::ringtrain(&["predict", "--checkpoint", ckpt.to_str().unwrap(), "--out", csv_path.to_str().unwrap(), test.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
