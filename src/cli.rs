@@ -50,6 +50,32 @@ enum Command {
     Predict(PredictArgs),
     /// Measure the training step alone on synthetic data (optionally against PyTorch's).
     Bench(BenchArgs),
+    /// Split an ImageFolder tree into <dst>/train and <dst>/val, stratified per class.
+    Split(SplitArgs),
+    /// Exact per-channel mean and std over all pixels of a folder, as Normalize arguments.
+    Stats(StatsArgs),
+}
+
+#[derive(Args)]
+struct SplitArgs {
+    #[arg(long)]
+    src: PathBuf,
+    /// A new directory (never overwritten).
+    #[arg(long)]
+    dst: PathBuf,
+    #[arg(long, default_value_t = 0.2)]
+    val_ratio: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Hard-link the files instead of copying them.
+    #[arg(long)]
+    link: bool,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    #[arg(long)]
+    data: PathBuf,
 }
 
 #[derive(Args)]
@@ -604,6 +630,27 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Eval(args)) => eval(&args),
         Some(Command::Predict(args)) => predict(&args),
         Some(Command::Bench(args)) => bench(&args),
+        Some(Command::Split(a)) => {
+            let counts = crate::data::split::split(&a.src, &a.dst, a.val_ratio, a.seed, a.link)?;
+            for (class, train, val) in &counts.per_class {
+                say!("{class:<28} train {train:>6}  val {val:>6}");
+            }
+            let (t, v) = counts.per_class.iter().fold((0, 0), |(t, v), c| (t + c.1, v + c.2));
+            say!("{t} train and {v} val images in {}", a.dst.display());
+            Ok(())
+        }
+        Some(Command::Stats(a)) => {
+            let s = crate::data::stats::pixel_stats(&ImageFolder::scan(&a.data, "--data")?)?;
+            for (p, e) in &s.unreadable {
+                eprintln!("warning: skipped unreadable image {}: {e}", p.display());
+            }
+            let f = |v: [f64; 3]| format!("{:.6},{:.6},{:.6}", v[0], v[1], v[2]);
+            say!("{} images, {} pixels ({} unreadable skipped)", s.images, s.pixels, s.unreadable.len());
+            say!("mean {}\nstd  {}", f(s.mean), f(s.std));
+            say!("ringtrain train ... --mean {} --std {}", f(s.mean), f(s.std));
+            say!("transforms.Normalize(mean=[{}], std=[{}])", f(s.mean).replace(',', ", "), f(s.std).replace(',', ", "));
+            Ok(())
+        }
         None => Err(user_error("no command given; try `ringtrain --help`")),
     }
 }

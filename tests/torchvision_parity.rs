@@ -47,3 +47,27 @@ fn class_index_and_samples_match_torchvision_imagefolder() {
         assert_eq!((p.to_str().unwrap(), *c), (rp.as_str(), *rc));
     }
 }
+
+#[test]
+fn pixel_stats_equal_numpy_over_the_same_files() {
+    let root = common::shared_data("plant-seedlings/test");
+    // A few real images of every class, linked (never copied) into a temporary tree.
+    let d = tempfile::tempdir().unwrap();
+    for class in std::fs::read_dir(&root).unwrap() {
+        let class = class.unwrap().path();
+        let dst = d.path().join(class.file_name().unwrap());
+        std::fs::create_dir_all(&dst).unwrap();
+        let mut files: Vec<_> = std::fs::read_dir(&class).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        for f in files.into_iter().take(5) {
+            std::os::unix::fs::symlink(&f, dst.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let reference: serde_json::Value = serde_json::from_str(&common::run_python(&["pixel_stats", d.path().to_str().unwrap()])).unwrap();
+    let ours = ringtrain::data::stats::pixel_stats(&ImageFolder::scan(d.path(), "--data").unwrap()).unwrap();
+    assert_eq!(ours.pixels, reference["pixels"].as_u64().unwrap());
+    for c in 0..3 {
+        assert!((ours.mean[c] - reference["mean"][c].as_f64().unwrap()).abs() < 1e-9, "mean[{c}]");
+        assert!((ours.std[c] - reference["std"][c].as_f64().unwrap()).abs() < 1e-9, "std[{c}]");
+    }
+}

@@ -4,6 +4,8 @@ pub mod decode;
 pub mod demo;
 pub mod folder;
 pub mod loader;
+pub mod split;
+pub mod stats;
 pub mod transform;
 
 use tch::{Device, Kind, Tensor};

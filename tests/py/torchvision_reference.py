@@ -7,6 +7,7 @@
   torchvision_reference.py sklearn_report JSON     sklearn's classification_report(output_dict=True)
   torchvision_reference.py tensorboard_scalars DIR scalars and texts as TensorBoard's reader sees them
   torchvision_reference.py grad_scaler STEPS BAD    GradScaler's scale and step decisions
+  torchvision_reference.py pixel_stats ROOT        per-channel mean/std over all pixels (NumPy)
   torchvision_reference.py imagefolder ROOT        JSON: classes and samples as ImageFolder sees them
 """
 import json
@@ -120,6 +121,22 @@ def grad_scaler(steps, bad):
     print(json.dumps(out))
 
 
+def pixel_stats(root):
+    """Per-channel mean and population std over all pixels of an ImageFolder tree, with NumPy."""
+    import numpy as np
+    from PIL import Image
+
+    ds = torchvision.datasets.ImageFolder(root)
+    s, sq, n = np.zeros(3), np.zeros(3), 0
+    for path, _ in ds.samples:
+        a = np.asarray(Image.open(path).convert("RGB"), dtype=np.float64).reshape(-1, 3) / 255.0
+        s += a.sum(0)
+        sq += (a * a).sum(0)
+        n += a.shape[0]
+    mean = s / n
+    print(json.dumps({"mean": mean.tolist(), "std": np.sqrt(sq / n - mean ** 2).tolist(), "pixels": n}))
+
+
 def imagefolder(root):
     ds = torchvision.datasets.ImageFolder(root)
     print(json.dumps({"classes": ds.classes, "class_to_idx": ds.class_to_idx, "samples": ds.samples}))
@@ -136,6 +153,8 @@ if __name__ == "__main__":
         tensorboard_scalars(sys.argv[2])
     elif sys.argv[1] == "grad_scaler":
         grad_scaler(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "pixel_stats":
+        pixel_stats(sys.argv[2])
     elif sys.argv[1] == "imagefolder":
         imagefolder(sys.argv[2])
     else:

@@ -1,0 +1,99 @@
+//! `ringtrain split`: a stratified train/val split of an ImageFolder tree into a new directory
+//! (`<dst>/train/<class>/...`, `<dst>/val/<class>/...`), by copy or hard link, reproducible from
+//! its seed. It refuses to write into an existing directory, and builds the result under a
+//! temporary name first, so an interrupted split leaves no half-filled `dst`.
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use rand::seq::SliceRandom;
+
+use super::folder::ImageFolder;
+use super::loader::sample_rng;
+use crate::bail_user;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SplitCounts {
+    /// (class, train images, val images)
+    pub per_class: Vec<(String, usize, usize)>,
+}
+
+/// Which files of each class go to validation: a seeded shuffle of the sorted files, the first
+/// round(n × ratio) of it (at least one when the class has two or more images, never all).
+pub fn plan(folder: &ImageFolder, val_ratio: f64, seed: u64) -> Vec<(PathBuf, usize, bool)> {
+    let mut out = Vec::new();
+    for c in 0..folder.classes.len() {
+        let mut files: Vec<PathBuf> = folder.samples.iter().filter(|s| s.1 == c).map(|s| s.0.clone()).collect();
+        files.sort();
+        files.shuffle(&mut sample_rng(seed, 0x5917, c as u64));
+        let n = files.len();
+        let n_val = if n >= 2 { ((n as f64 * val_ratio).round() as usize).clamp(1, n - 1) } else { 0 };
+        out.extend(files.into_iter().enumerate().map(|(i, p)| (p, c, i < n_val)));
+    }
+    out
+}
+
+pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool) -> Result<SplitCounts> {
+    if !(val_ratio > 0.0 && val_ratio < 1.0) {
+        bail_user!("--val-ratio must be in (0, 1), got {val_ratio}");
+    }
+    if dst.exists() {
+        bail_user!("--dst {} already exists; split writes a new directory and never overwrites", dst.display());
+    }
+    let folder = ImageFolder::scan(src, "--src")?;
+    let tmp = dst.with_file_name(format!(".{}.partial", dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    let mut counts = SplitCounts { per_class: folder.classes.iter().map(|c| (c.clone(), 0, 0)).collect() };
+    let result = (|| -> Result<()> {
+        for (path, c, is_val) in plan(&folder, val_ratio, seed) {
+            let rel = path.strip_prefix(folder.root.join(&folder.classes[c])).unwrap_or(&path);
+            let target = tmp.join(if is_val { "val" } else { "train" }).join(&folder.classes[c]).join(rel);
+            std::fs::create_dir_all(target.parent().expect("has a parent"))?;
+            if hard_link {
+                std::fs::hard_link(&path, &target).with_context(|| format!("linking {} (use copies across file systems)", path.display()))?;
+            } else {
+                std::fs::copy(&path, &target).with_context(|| format!("copying {}", path.display()))?;
+            }
+            let entry = &mut counts.per_class[c];
+            if is_val {
+                entry.2 += 1;
+            } else {
+                entry.1 += 1;
+            }
+        }
+        std::fs::rename(&tmp, dst).with_context(|| format!("renaming into {}", dst.display()))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result.map(|_| counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_stratified_reproducible_and_refuses_to_overwrite() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        for (c, n) in [("a", 10), ("b", 3)] {
+            std::fs::create_dir_all(src.join(c)).unwrap();
+            for i in 0..n {
+                image::RgbImage::new(2, 2).save(src.join(c).join(format!("{i}.png"))).unwrap();
+            }
+        }
+        let counts = split(&src, &d.path().join("one"), 0.3, 7, false).unwrap();
+        assert_eq!(counts.per_class, vec![("a".to_string(), 7, 3), ("b".to_string(), 2, 1)]);
+        split(&src, &d.path().join("two"), 0.3, 7, true).unwrap();
+        let list = |root: &Path| {
+            let f = ImageFolder::scan(&root.join("val"), "--val").unwrap();
+            f.samples.iter().map(|s| s.0.strip_prefix(root).unwrap().to_owned()).collect::<Vec<_>>()
+        };
+        assert_eq!(list(&d.path().join("one")), list(&d.path().join("two")));
+        let e = split(&src, &d.path().join("one"), 0.3, 7, false).unwrap_err();
+        assert!(e.to_string().contains("already exists"));
+    }
+}
