@@ -293,6 +293,16 @@ struct TrainArgs {
     /// Stop at the first unreadable image instead of skipping it with a warning.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     strict: Option<bool>,
+    /// Fine-tune from a torchvision-named safetensors state_dict (the head is re-initialised
+    /// when the class count differs).
+    #[arg(long)]
+    pretrained: Option<PathBuf>,
+    /// Freeze parameters under these name prefixes, e.g. conv1,bn1,layer1.
+    #[arg(long, value_delimiter = ',')]
+    freeze: Option<Vec<String>>,
+    /// Learning rate of the classifier head as a multiple of --lr (e.g. 10) [1].
+    #[arg(long)]
+    head_lr_mult: Option<f64>,
 }
 
 #[derive(Args)]

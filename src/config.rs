@@ -82,6 +82,12 @@ pub struct TrainConfig {
     pub overwrite: bool,
     /// An unreadable image is an error, instead of a warning and a skip.
     pub strict: bool,
+    /// Fine-tune from these weights (a torchvision-named safetensors state_dict).
+    pub pretrained: Option<PathBuf>,
+    /// Parameter name prefixes to freeze, e.g. ["conv1", "bn1", "layer1"].
+    pub freeze: Vec<String>,
+    /// The classifier head's learning rate, as a multiple of --lr.
+    pub head_lr_mult: f64,
 }
 
 impl Default for TrainConfig {
@@ -123,6 +129,9 @@ impl Default for TrainConfig {
             channels_last: None,
             overwrite: false,
             strict: false,
+            pretrained: None,
+            freeze: Vec::new(),
+            head_lr_mult: 1.0,
         }
     }
 }
@@ -271,6 +280,14 @@ impl TrainConfig {
         }
         if self.workers == Some(0) || self.prefetch == 0 {
             bail_user!("--workers and --prefetch must be at least 1");
+        }
+        if let Some(p) = &self.pretrained {
+            if !p.is_file() {
+                bail_user!("--pretrained file does not exist: {}", p.display());
+            }
+        }
+        if !pos(self.head_lr_mult) {
+            bail_user!("--head-lr-mult must be positive, got {}", self.head_lr_mult);
         }
         if self.holds_run() && !self.overwrite {
             bail_user!(

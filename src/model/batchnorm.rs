@@ -55,6 +55,8 @@ fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
 
 impl ModuleT for BatchNorm2d {
     fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        // A frozen BatchNorm (`--freeze`) stays in eval mode: its running statistics are kept.
+        let train = train && self.bn.ws.as_ref().is_none_or(|w| w.requires_grad());
         let pg = SYNC_GROUP.load(Ordering::SeqCst);
         if !train || pg.is_null() {
             return self.bn.forward_t(x, train);

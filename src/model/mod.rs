@@ -14,6 +14,21 @@ use tch::{Device, Kind, Tensor};
 
 use resnet::{Block, ResNetSpec};
 
+/// The optimizer parameter group of the classifier head (`--head-lr-mult`); the rest is group 0.
+pub const HEAD_GROUP: usize = 1;
+
+/// What `load_pretrained` did.
+#[derive(Debug, Default)]
+pub struct PretrainedReport {
+    pub loaded: usize,
+    /// Model tensors the file lacks (left as initialised).
+    pub missing: Vec<String>,
+    /// File tensors the model has no place for (ignored).
+    pub unexpected: Vec<String>,
+    /// Head tensors whose shape differs (another class count): re-initialised.
+    pub reinitialized_head: Vec<String>,
+}
+
 /// Names accepted by `--model`.
 pub const MODEL_NAMES: &[&str] =
     &["resnet18", "resnet34", "resnet50", "resnet101", "alexnet", "resnet18-cifar", "resnet10-tiny", "lenet5"];
@@ -56,6 +71,79 @@ impl Model {
             },
         };
         Ok(Model { name: name.to_string(), vs, net, bn_batches: 0 })
+    }
+
+    /// The classifier head's name prefix, as in torchvision.
+    pub fn head_prefix(&self) -> &'static str {
+        match self.name.as_str() {
+            "alexnet" => "classifier.6",
+            "lenet5" => "fc3",
+            _ => "fc",
+        }
+    }
+
+    /// Fine-tuning: loads a torchvision-named state_dict by name. Missing and unexpected names
+    /// are reported, a shape mismatch is refused, except in the classifier head, which then keeps
+    /// its fresh initialisation for this data's classes.
+    pub fn load_pretrained(&mut self, path: &Path) -> Result<PretrainedReport> {
+        let file: HashMap<String, Tensor> = match Tensor::read_safetensors(path) {
+            Ok(v) => v.into_iter().collect(),
+            Err(e) => crate::bail_user!("--pretrained {}: not a readable safetensors file ({e})", path.display()),
+        };
+        let vars = self.vs.variables();
+        let head = format!("{}.", self.head_prefix());
+        let mut r = PretrainedReport::default();
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort();
+        tch::no_grad(|| -> Result<()> {
+            for name in names {
+                let var = &vars[name];
+                let Some(src) = file.get(name) else {
+                    r.missing.push(name.clone());
+                    continue;
+                };
+                if src.size() != var.size() {
+                    if name.starts_with(&head) {
+                        r.reinitialized_head.push(name.clone());
+                        continue;
+                    }
+                    crate::bail_user!(
+                        "--pretrained {}: {name} has shape {:?}, {} needs {:?} (a different architecture?)",
+                        path.display(),
+                        src.size(),
+                        self.name,
+                        var.size()
+                    );
+                }
+                var.shallow_clone().copy_(&src.to_kind(var.kind()));
+                r.loaded += 1;
+            }
+            Ok(())
+        })?;
+        r.unexpected = file.keys().filter(|k| !vars.contains_key(*k) && !k.ends_with(".num_batches_tracked")).cloned().collect();
+        r.unexpected.sort();
+        if r.loaded == 0 {
+            crate::bail_user!("--pretrained {}: no tensor name matches {} (is it a torchvision state_dict?)", path.display(), self.name);
+        }
+        Ok(r)
+    }
+
+    /// `--freeze conv1,bn1,layer1`: parameters under these name prefixes get no gradient (and
+    /// their BatchNorms stay in eval mode). Returns how many tensors were frozen.
+    pub fn freeze(&self, prefixes: &[String]) -> Result<usize> {
+        let vars = self.vs.variables();
+        let mut frozen = 0;
+        for prefix in prefixes {
+            let under: Vec<&Tensor> = vars.iter().filter(|(k, _)| *k == prefix || k.starts_with(&format!("{prefix}."))).map(|(_, v)| v).collect();
+            if under.is_empty() {
+                crate::bail_user!("--freeze {prefix}: no parameter of {} has that name prefix", self.name);
+            }
+            for v in under.into_iter().filter(|v| v.requires_grad()) {
+                let _ = v.shallow_clone().set_requires_grad(false);
+                frozen += 1;
+            }
+        }
+        Ok(frozen)
     }
 
     pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {

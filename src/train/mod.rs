@@ -213,12 +213,28 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
 
     // ---- model, optimizer, schedule
     let mut model = Model::new(&cfg.model, classes.len() as i64, device)?;
+    if let Some(path) = &cfg.pretrained {
+        let r = model.load_pretrained(path)?;
+        say!(
+            "pretrained: {} tensors from {}; re-initialised head {:?}; missing {:?}; unexpected {:?}",
+            r.loaded,
+            path.display(),
+            r.reinitialized_head,
+            r.missing,
+            r.unexpected
+        );
+    }
+    if !cfg.freeze.is_empty() {
+        let n = model.freeze(&cfg.freeze)?;
+        say!("frozen: {n} tensors under {}", cfg.freeze.join(", "));
+    }
     let channels_last = cfg.channels_last.unwrap_or(device.is_cuda());
     if channels_last {
         shim::var_store_to_channels_last(&model.vs)?;
     }
     let mut opt = optim::build(cfg, &model.vs)?;
-    let params = model.vs.trainable_variables();
+    // Frozen parameters get no gradient: leave them out of clipping, scaling and all-reduce.
+    let params: Vec<Tensor> = model.vs.trainable_variables().into_iter().filter(|p| p.requires_grad()).collect();
     let buffers: Vec<Tensor> = {
         let vars = model.vs.variables();
         let mut names: Vec<&String> = vars.keys().filter(|k| !vars[*k].requires_grad()).collect();
@@ -304,6 +320,9 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             let y = batch.labels.to_device(device);
             lr = sched.lr_at(global_step);
             opt.set_lr(lr);
+            if cfg.head_lr_mult != 1.0 {
+                opt.set_lr_group(crate::model::HEAD_GROUP, lr * cfg.head_lr_mult);
+            }
             if let Some(ddp) = ddp.as_ref().filter(|_| world > 1 && !sync_bn) {
                 ddp.broadcast_buffers(&buffers)?;
             }
@@ -356,6 +375,9 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
                 // The 0-based index of the step just taken, as `epoch * len(loader) + i` in PyTorch scripts.
                 tb.scalar("train/loss", l, global_step as i64 - 1)?;
                 tb.scalar("train/lr", lr, global_step as i64 - 1)?;
+                if cfg.head_lr_mult != 1.0 {
+                    tb.scalar("train/lr_head", lr * cfg.head_lr_mult, global_step as i64 - 1)?;
+                }
             }
             progress.update(i + 1, seen * world, loss_now, lr);
         }
