@@ -8,7 +8,7 @@ use std::time::Instant;
 use ringtrain::data::folder::ImageFolder;
 use ringtrain::data::loader::{Loader, LoaderOptions};
 use ringtrain::data::transform::Transform;
-use ringtrain::data::{normalize_on_device, IMAGENET_MEAN, IMAGENET_STD};
+use ringtrain::data::{Normalizer, IMAGENET_MEAN, IMAGENET_STD};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -17,11 +17,12 @@ fn main() -> anyhow::Result<()> {
     let t = Transform::Train { size, scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0), hflip: true };
     let loader =
         Loader::new(folder.samples, t, LoaderOptions { batch_size: 64, shuffle: true, drop_last: true, seed: 0, workers, prefetch: 4, skip_unreadable: false, shard: None })?;
+    let normalize = Normalizer::new(IMAGENET_MEAN, IMAGENET_STD, tch::Device::Cpu);
     let (mut n, mut t0) = (0usize, None);
     for epoch in 0..2 {
         for b in loader.epoch(epoch) {
             let b = b?;
-            let x = normalize_on_device(&b.images, tch::Device::Cpu, IMAGENET_MEAN, IMAGENET_STD);
+            let x = normalize.apply(&b.images);
             if t0.is_none() {
                 t0 = Some(Instant::now());
                 continue;

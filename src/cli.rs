@@ -423,9 +423,9 @@ fn eval(args: &EvalArgs) -> Result<()> {
             shard: pg.as_ref().map(|p| Shard { rank: p.rank, world: p.world_size, pad: false }),
         },
     )?;
-    let ev = evaluate(&model, &loader, device, state.mean3(), state.std3(), pg.as_ref())?;
+    let ev = evaluate(&model, &loader, &crate::data::Normalizer::new(state.mean3(), state.std3(), device), pg.as_ref())?;
     for (p, e) in &ev.skipped {
-        eprintln!("warning: skipped unreadable image {}: {e}", p.display());
+        crate::report::progress::warn_unreadable(p, e);
     }
     let out = args.out.clone().unwrap_or_else(|| {
         let name = args.checkpoint.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
@@ -461,7 +461,7 @@ fn predict(args: &PredictArgs) -> Result<()> {
     };
     let s = crate::predict::predict(&opts)?;
     for (p, e) in &s.skipped {
-        eprintln!("warning: skipped unreadable image {}: {e}", p.display());
+        crate::report::progress::warn_unreadable(p, e);
     }
     const SHOWN: usize = 20;
     let width = s.predictions.iter().take(SHOWN).map(|p| p.path.display().to_string().len()).max().unwrap_or(4).min(70);
@@ -652,7 +652,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Stats(a)) => {
             let s = crate::data::stats::pixel_stats(&ImageFolder::scan(&a.data, "--data")?)?;
             for (p, e) in &s.unreadable {
-                eprintln!("warning: skipped unreadable image {}: {e}", p.display());
+                crate::report::progress::warn_unreadable(p, e);
             }
             let f = |v: [f64; 3]| format!("{:.6},{:.6},{:.6}", v[0], v[1], v[2]);
             say!("{} images, {} pixels ({} unreadable skipped)", s.images, s.pixels, s.unreadable.len());

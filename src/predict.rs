@@ -9,7 +9,7 @@ use crate::atomic;
 use crate::bail_user;
 use crate::data::folder::{is_image_file, walk_images};
 use crate::data::loader::{Loader, LoaderOptions};
-use crate::data::normalize_on_device;
+use crate::data::Normalizer;
 use crate::data::transform::Transform;
 use crate::train::checkpoint;
 
@@ -107,7 +107,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
         Transform::Eval { size: state.img_size, resize: state.eval_resize },
         LoaderOptions { batch_size: o.batch_size, shuffle: false, drop_last: false, seed: 0, workers: o.workers, prefetch: 4, skip_unreadable: true, shard: None },
     )?;
-    let (mean, std) = (state.mean3(), state.std3());
+    let normalize = Normalizer::new(state.mean3(), state.std3(), o.device);
     let k = o.topk.min(state.classes.len());
     let (mut predictions, mut skipped) = (Vec::new(), Vec::new());
     tch::no_grad(|| -> Result<()> {
@@ -117,7 +117,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
             if batch.indices.is_empty() {
                 continue;
             }
-            let x = normalize_on_device(&batch.images, o.device, mean, std);
+            let x = normalize.apply(&batch.images);
             let probs = model.forward(&x, false).to_kind(Kind::Float).softmax(-1, Kind::Float);
             let (p, idx) = probs.topk(k as i64, 1, true, true);
             let p = Vec::<f64>::try_from(p.to_kind(Kind::Double).to_device(Device::Cpu).flatten(0, -1))?;

@@ -32,6 +32,15 @@ pub fn plan(folder: &ImageFolder, val_ratio: f64, seed: u64) -> Vec<(PathBuf, us
     out
 }
 
+/// The same split as (train samples, val samples), for `train --val-split` without copying.
+pub fn stratified(folder: &ImageFolder, val_ratio: f64, seed: u64) -> (Vec<(PathBuf, usize)>, Vec<(PathBuf, usize)>) {
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for (path, c, is_val) in plan(folder, val_ratio, seed) {
+        if is_val { val.push((path, c)) } else { train.push((path, c)) }
+    }
+    (train, val)
+}
+
 pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool) -> Result<SplitCounts> {
     if !(val_ratio > 0.0 && val_ratio < 1.0) {
         bail_user!("--val-ratio must be in (0, 1), got {val_ratio}");
@@ -93,6 +102,13 @@ mod tests {
             f.samples.iter().map(|s| s.0.strip_prefix(root).unwrap().to_owned()).collect::<Vec<_>>()
         };
         assert_eq!(list(&d.path().join("one")), list(&d.path().join("two")));
+        // `train --val-split` holds out exactly the files `split` puts in val/.
+        let (_, held_out) = stratified(&ImageFolder::scan(&src, "--src").unwrap(), 0.3, 7);
+        let mut held: Vec<PathBuf> = held_out.iter().map(|(p, _)| p.strip_prefix(&src).unwrap().to_owned()).collect();
+        let mut listed: Vec<PathBuf> = list(&d.path().join("one")).iter().map(|p| p.strip_prefix("val").unwrap().to_owned()).collect();
+        held.sort();
+        listed.sort();
+        assert_eq!(held, listed);
         let e = split(&src, &d.path().join("one"), 0.3, 7, false).unwrap_err();
         assert!(e.to_string().contains("already exists"));
     }

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::data::{loader::Loader, normalize_on_device};
+use crate::data::{loader::Loader, Normalizer};
 use crate::dist::process_group::{ProcessGroup, ReduceOp};
 use crate::model::Model;
 
@@ -20,7 +20,7 @@ pub struct EvalResult {
 
 /// Evaluates this process's shard of `loader`; with a process group, the sums and every
 /// prediction are combined over ranks, so each sample counts exactly once.
-pub fn evaluate(model: &Model, loader: &Loader, device: Device, mean: [f64; 3], std: [f64; 3], pg: Option<&ProcessGroup>) -> Result<EvalResult> {
+pub fn evaluate(model: &Model, loader: &Loader, normalize: &Normalizer, pg: Option<&ProcessGroup>) -> Result<EvalResult> {
     let mut loss_sum = 0.0;
     let mut top5 = 0i64;
     let (mut targets, mut preds, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
@@ -31,8 +31,8 @@ pub fn evaluate(model: &Model, loader: &Loader, device: Device, mean: [f64; 3], 
             if batch.indices.is_empty() {
                 continue;
             }
-            let x = normalize_on_device(&batch.images, device, mean, std);
-            let y = batch.labels.to_device(device);
+            let x = normalize.apply(&batch.images);
+            let y = batch.labels.to_device(x.device());
             let logits = model.forward(&x, false).to_kind(Kind::Float);
             loss_sum += logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Sum, -100, 0.0).double_value(&[]);
             let k = logits.size()[1].min(5);

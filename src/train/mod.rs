@@ -10,15 +10,13 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use rand::seq::SliceRandom;
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::atomic;
 use crate::config::{resolve_device, TrainConfig};
 use crate::data::folder::ImageFolder;
-use crate::data::loader::{sample_rng, Loader, LoaderOptions};
-use crate::data::normalize_on_device;
-use crate::data::loader::Shard;
+use crate::data::loader::{Batch, Loader, LoaderOptions, Shard};
+use crate::data::Normalizer;
 use crate::data::transform::Transform;
 use crate::dist::ddp::Ddp;
 use crate::dist::launcher::DEVICE_VAR;
@@ -36,28 +34,9 @@ use crate::shim;
 use checkpoint::CheckpointState;
 
 pub struct RunSummary {
-    pub run_dir: PathBuf,
-    pub epochs: Vec<EpochRow>,
     pub best_epoch: usize,
-    pub best_val_top1: f64,
     /// The classification report of the best epoch's validation.
     pub report: ClassificationReport,
-}
-
-type Samples = Vec<(PathBuf, usize)>;
-
-/// Without --val: hold out `fraction` of every class (at least one image when the class has
-/// two or more), chosen by the seed, so the split is stratified and reproducible.
-fn split_stratified(folder: &ImageFolder, fraction: f64, seed: u64) -> (Samples, Samples) {
-    let (mut train, mut val) = (Vec::new(), Vec::new());
-    for c in 0..folder.classes.len() {
-        let mut items: Vec<_> = folder.samples.iter().filter(|(_, k)| *k == c).cloned().collect();
-        items.shuffle(&mut sample_rng(seed, u64::MAX - 1, c as u64));
-        let n_val = if items.len() >= 2 { ((items.len() as f64 * fraction).round() as usize).clamp(1, items.len() - 1) } else { 0 };
-        val.extend(items.drain(..n_val));
-        train.extend(items);
-    }
-    (train, val)
 }
 
 /// Images the `i`-th training batch of an epoch should hold on this rank.
@@ -68,7 +47,7 @@ fn batch_len(loader: &Loader, i: usize, batch: usize) -> usize {
 /// Keeps a training batch at its size when some of its images could not be read, by repeating
 /// readable ones: every rank then takes the same steps with the same batch size, and BatchNorm
 /// never sees a batch of one.
-fn refill(batch: crate::data::loader::Batch, want: usize) -> Result<crate::data::loader::Batch> {
+fn refill(batch: Batch, want: usize) -> Result<Batch> {
     let have = batch.indices.len();
     if have == want {
         return Ok(batch);
@@ -78,7 +57,7 @@ fn refill(batch: crate::data::loader::Batch, want: usize) -> Result<crate::data:
     }
     let pick: Vec<i64> = (0..want as i64).map(|j| j % have as i64).collect();
     let idx = Tensor::from_slice(&pick);
-    Ok(crate::data::loader::Batch {
+    Ok(Batch {
         images: batch.images.index_select(0, &idx),
         labels: batch.labels.index_select(0, &idx),
         indices: pick.iter().map(|&j| batch.indices[j as usize]).collect(),
@@ -102,6 +81,15 @@ fn check_something_decodes(paths: &[PathBuf], root: &std::path::Path) -> Result<
         root.display(),
         first_error.unwrap_or_default()
     )))
+}
+
+/// One warning per unreadable file for the whole run (it comes back every epoch).
+fn warn_once(warned: &mut std::collections::HashSet<PathBuf>, skipped: &[(PathBuf, String)]) {
+    for (p, e) in skipped {
+        if warned.insert(p.clone()) {
+            crate::report::progress::warn_unreadable(p, e);
+        }
+    }
 }
 
 fn fmt_duration(s: f64) -> String {
@@ -142,12 +130,10 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     }
     // validate() refused an earlier run in --out unless --overwrite: then its events go too.
     let run_dir = cfg.out.clone();
-    if cfg.holds_run() {
-        if is_main {
-            for e in std::fs::read_dir(&run_dir)?.flatten() {
-                if e.file_name().to_string_lossy().starts_with("events.out.tfevents.") {
-                    std::fs::remove_file(e.path())?;
-                }
+    if is_main && cfg.holds_run() {
+        for e in std::fs::read_dir(&run_dir)?.flatten() {
+            if e.file_name().to_string_lossy().starts_with("events.out.tfevents.") {
+                std::fs::remove_file(e.path())?;
             }
         }
     }
@@ -166,11 +152,12 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             val_folder.check_same_classes(&train_folder)?;
             (train_folder.samples.clone(), val_folder.samples)
         }
-        None => split_stratified(&train_folder, cfg.val_split, cfg.seed),
+        None => crate::data::split::stratified(&train_folder, cfg.val_split, cfg.seed),
     };
     let workers = cfg.workers.unwrap_or((cores / local_world).max(1));
     let n_train = train_samples.len();
-    let train_loader_samples_head: Vec<PathBuf> = train_samples.iter().take(1000).map(|s| s.0.clone()).collect();
+    let probe: Vec<PathBuf> = train_samples.iter().take(1000).map(|s| s.0.clone()).collect();
+    check_something_decodes(&probe, data_dir)?;
     let shard = |pad| (world > 1).then_some(Shard { rank, world, pad });
     let train_loader = Loader::new(
         train_samples,
@@ -198,8 +185,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         Transform::Eval { size: cfg.img_size, resize: cfg.eval_resize() },
         LoaderOptions { batch_size: rank_batch, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch, skip_unreadable: !cfg.strict, shard: shard(false) },
     )?;
-
-    check_something_decodes(&train_loader_samples_head, data_dir)?;
 
     // ---- run directory: rank 0 alone writes
     let mut tb = None;
@@ -269,7 +254,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let _sync_bn_guard = pg.filter(|_| sync_bn).map(crate::model::batchnorm::sync_batch_norm);
     let steps_per_epoch = train_loader.batches_per_epoch();
     let sched = schedule::LrSchedule::new(cfg, steps_per_epoch);
-    let (mean, std) = (cfg.mean3(), cfg.std3());
+    let normalize = Normalizer::new(cfg.mean3(), cfg.std3(), device);
     let amp_kind = amp::resolve(&cfg.amp, device)?;
     let mut scaler = (amp_kind == Some(Kind::Half)).then(|| amp::GradScaler::new(device, cfg.loss_scale));
     say!(
@@ -305,15 +290,11 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         let mut lr = sched.lr_at(global_step);
         let progress = EpochProgress::new(epoch + 1, cfg.epochs, steps_per_epoch, cfg.log_every);
         for (i, batch) in train_loader.epoch(epoch as u64).enumerate() {
-            let mut batch = batch?;
+            let batch = batch?;
             unreadable += batch.skipped.len();
-            for (p, e) in batch.skipped.drain(..) {
-                if warned.insert(p.clone()) {
-                    eprintln!("warning: skipped unreadable image {}: {e}", p.display());
-                }
-            }
+            warn_once(&mut warned, &batch.skipped);
             let batch = refill(batch, batch_len(&train_loader, i, rank_batch))?;
-            let mut x = normalize_on_device(&batch.images, device, mean, std);
+            let mut x = normalize.apply(&batch.images);
             if channels_last {
                 x = shim::to_channels_last(&x)?;
             }
@@ -395,12 +376,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         let seen = t[2] as usize;
 
         // ---- validate
-        let ev = eval::evaluate(&model, &val_loader, device, mean, std, pg)?;
-        for (p, e) in &ev.skipped {
-            if warned.insert(p.clone()) {
-                eprintln!("warning: skipped unreadable image {}: {e}", p.display());
-            }
-        }
+        let ev = eval::evaluate(&model, &val_loader, &normalize, pg)?;
+        warn_once(&mut warned, &ev.skipped);
         unreadable += ev.skipped.len();
         let row = EpochRow {
             epoch: epoch + 1,
@@ -439,6 +416,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         };
         rows.push(row.clone());
         if let Some(tb) = tb.as_mut() {
+            // Rank 0 (the one with the event writer) alone writes.
             checkpoint::save(&run_dir.join("last"), &model, &state)?;
             if improved {
                 checkpoint::save(&run_dir.join("best"), &model, &state)?;
@@ -482,7 +460,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         );
     }
     let (best_epoch, best_ev) = best.expect("epochs >= 1");
-    let best_val_top1 = best_ev.top1;
     let report = if is_main {
         write_evaluation(&run_dir, &classes, &best_ev, &format!("{} — validation, best epoch {best_epoch}", cfg.model))?
     } else {
@@ -491,28 +468,16 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     say!(
         "done in {}: best val top1 {:.2}% at epoch {}; run directory {}",
         fmt_duration(run_start.elapsed().as_secs_f64()),
-        100.0 * best_val_top1,
+        100.0 * best_ev.top1,
         best_epoch,
         run_dir.display()
     );
-    Ok(RunSummary { run_dir, epochs: rows, best_epoch, best_val_top1, report })
+    Ok(RunSummary { best_epoch, report })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stratified_split_keeps_every_class_on_both_sides() {
-        let classes = vec!["a".to_string(), "b".to_string()];
-        let samples = (0..10).map(|i| (PathBuf::from(format!("a{i}")), 0)).chain((0..3).map(|i| (PathBuf::from(format!("b{i}")), 1))).collect();
-        let f = ImageFolder { root: PathBuf::new(), classes, samples };
-        let (t, v) = split_stratified(&f, 0.2, 1);
-        assert_eq!(v.iter().filter(|s| s.1 == 0).count(), 2);
-        assert_eq!(v.iter().filter(|s| s.1 == 1).count(), 1);
-        assert_eq!(t.len() + v.len(), 13);
-        assert_eq!(split_stratified(&f, 0.2, 1).1, v);
-    }
 
     #[test]
     fn durations_read_as_h_m_s() {
