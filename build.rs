@@ -9,7 +9,14 @@ fn main() {
             .expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB; run scripts/setup.sh"),
     );
     let include = lib.join("../include");
-    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/sync_bn.cpp", "csrc/shim.h", "csrc/pg.h", "csrc/error.h"] {
+    for f in [
+        "csrc/shim.cpp",
+        "csrc/dist.cpp",
+        "csrc/sync_bn.cpp",
+        "csrc/shim.h",
+        "csrc/pg.h",
+        "csrc/error.h",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
 
@@ -33,10 +40,22 @@ fn main() {
     // the cuda-toolkit[cccl,crt] wheel). Without them the shim builds with Gloo only.
     let nvidia = lib.join("../../nvidia");
     let (cuda_inc, nccl_inc) = (nvidia.join("cu13/include"), nvidia.join("nccl/include"));
-    if cuda_inc.join("nv/target").exists() && cuda_inc.join("crt/host_config.h").exists() && nccl_inc.join("nccl.h").exists() {
-        build.include(&cuda_inc).include(&nccl_inc).define("USE_C10D_NCCL", None).define("USE_CUDA", None).define("RT_WITH_NCCL", None).define("RT_WITH_CUDA", None);
+    if cuda_inc.join("nv/target").exists()
+        && cuda_inc.join("crt/host_config.h").exists()
+        && nccl_inc.join("nccl.h").exists()
+    {
+        build
+            .include(&cuda_inc)
+            .include(&nccl_inc)
+            .define("USE_C10D_NCCL", None)
+            .define("USE_CUDA", None)
+            .define("RT_WITH_NCCL", None)
+            .define("RT_WITH_CUDA", None);
     } else {
-        println!("cargo:warning=CUDA/NCCL headers not found under {}: building without NCCL", nvidia.display());
+        println!(
+            "cargo:warning=CUDA/NCCL headers not found under {}: building without NCCL",
+            nvidia.display()
+        );
     }
     build.compile("ringtrain_shim");
 

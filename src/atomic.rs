@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|f| f.sync_all()).with_context(|| format!("fsync {}", dir.display()))
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("fsync {}", dir.display()))
 }
 
 fn parent(path: &Path) -> PathBuf {
@@ -22,7 +24,10 @@ fn parent(path: &Path) -> PathBuf {
 }
 
 fn temp_sibling(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     parent(path).join(format!(".{name}.tmp-{}", std::process::id()))
 }
 
@@ -57,7 +62,13 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
     let cb = CString::new(b.as_os_str().as_bytes())?;
     // SAFETY: two valid NUL-terminated paths; AT_FDCWD resolves them like rename(2).
     let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
     };
     if rc == 0 {
         Ok(())
@@ -128,6 +139,10 @@ mod tests {
         });
         assert!(e.is_err());
         assert_eq!(fs::read(t.join("a")).unwrap(), b"2");
-        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1, "temporary directories must be removed");
+        assert_eq!(
+            fs::read_dir(d.path()).unwrap().count(),
+            1,
+            "temporary directories must be removed"
+        );
     }
 }

@@ -48,13 +48,20 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
         tch::Cuda::cudnn_set_benchmark(true);
     }
     let model = Model::new(&o.model, 1000, o.device)?;
-    let mut x = Tensor::randn([o.batch_size as i64, 3, o.img_size as i64, o.img_size as i64], (Kind::Float, o.device));
+    let mut x = Tensor::randn(
+        [o.batch_size as i64, 3, o.img_size as i64, o.img_size as i64],
+        (Kind::Float, o.device),
+    );
     if o.channels_last {
         shim::var_store_to_channels_last(&model.vs)?;
         x = shim::to_channels_last(&x)?;
     }
     let y = Tensor::randint(1000, [o.batch_size as i64], (Kind::Int64, o.device));
-    let mut opt = nn::Sgd { momentum: 0.9, ..Default::default() }.build(&model.vs, 0.1)?;
+    let mut opt = nn::Sgd {
+        momentum: 0.9,
+        ..Default::default()
+    }
+    .build(&model.vs, 0.1)?;
     let mut scaler = (o.amp == Some(Kind::Half)).then(|| GradScaler::new(o.device, None));
     let params = model.vs.trainable_variables();
     if let Device::Cuda(i) = o.device {
@@ -72,7 +79,10 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
         }
         let loss = {
             let _autocast = o.amp.map(|k| shim::autocast(o.device, k)).transpose()?;
-            model.forward(&x, true).cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, 0.0).to_kind(Kind::Float)
+            model
+                .forward(&x, true)
+                .cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, 0.0)
+                .to_kind(Kind::Float)
         };
         opt.zero_grad();
         match &scaler {
@@ -80,7 +90,14 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
             None => loss.f_backward()?,
         }
         let skip = match scaler.as_mut() {
-            Some(s) => s.unscale(&params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect::<Vec<_>>(), None)?,
+            Some(s) => s.unscale(
+                &params
+                    .iter()
+                    .map(|p| p.grad())
+                    .filter(|g| g.defined())
+                    .collect::<Vec<_>>(),
+                None,
+            )?,
             None => false,
         };
         if !skip {
@@ -107,7 +124,10 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
         Device::Cuda(i) => shim::cuda_peak_memory(i),
         _ => None,
     };
-    Ok(BenchResult { images_per_s: median, peak_memory_bytes })
+    Ok(BenchResult {
+        images_per_s: median,
+        peak_memory_bytes,
+    })
 }
 
 /// Runs `bench/torch_step.py` with the same settings in `python`.
@@ -138,8 +158,12 @@ pub fn run_pytorch(o: &BenchOptions, python: &str, script: &PathBuf) -> Result<B
         .output()
         .with_context(|| format!("running {python} {}", script.display()))?;
     if !out.status.success() {
-        anyhow::bail!("the PyTorch reference failed: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
+        anyhow::bail!(
+            "the PyTorch reference failed: {}",
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last().unwrap_or("")).with_context(|| format!("parsing the PyTorch reference's output: {text}"))
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .with_context(|| format!("parsing the PyTorch reference's output: {text}"))
 }

@@ -9,23 +9,27 @@ use tch::Device;
 
 use crate::config::{self, OptimizerKind, SchedKind, TrainConfig};
 use crate::data::demo;
-use crate::dist::env as dist_env;
-use crate::dist::launcher::{self, LaunchSpec};
-use crate::dist::DistSetup;
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{Loader, LoaderOptions, Shard};
-use crate::dist::process_group::{nccl_available, Backend, ProcessGroup};
 use crate::data::transform::Transform;
+use crate::dist::env as dist_env;
+use crate::dist::launcher::{self, LaunchSpec};
+use crate::dist::process_group::{nccl_available, Backend, ProcessGroup};
+use crate::dist::DistSetup;
+use crate::error::{is_user_error, user_error};
 use crate::predict::PredictOptions;
 use crate::report::write_evaluation;
 use crate::say;
+use crate::shim;
 use crate::train::checkpoint;
 use crate::train::eval::evaluate;
-use crate::error::{is_user_error, user_error};
-use crate::shim;
 
 #[derive(Parser)]
-#[command(name = "ringtrain", about = "Train image classifiers on folders of images.", disable_version_flag = true)]
+#[command(
+    name = "ringtrain",
+    about = "Train image classifiers on folders of images.",
+    disable_version_flag = true
+)]
 struct Cli {
     /// Print ringtrain's version and those of libtorch, CUDA and cuDNN.
     #[arg(short = 'V', long)]
@@ -332,13 +336,22 @@ const DEMO_IMAGE_SIZE: u32 = 36;
 
 fn demo(args: &DemoArgs) -> Result<()> {
     let data = args.out.join("data");
-    let stamp = data.join(format!(".demo-{}x{}-{}-{}", DEMO_TRAIN_PER_CLASS, DEMO_VAL_PER_CLASS, DEMO_IMAGE_SIZE, args.seed));
+    let stamp = data.join(format!(
+        ".demo-{}x{}-{}-{}",
+        DEMO_TRAIN_PER_CLASS, DEMO_VAL_PER_CLASS, DEMO_IMAGE_SIZE, args.seed
+    ));
     if !stamp.exists() {
         let t = std::time::Instant::now();
         if data.exists() {
             std::fs::remove_dir_all(&data)?;
         }
-        demo::generate(&data, DEMO_TRAIN_PER_CLASS, DEMO_VAL_PER_CLASS, DEMO_IMAGE_SIZE, args.seed)?;
+        demo::generate(
+            &data,
+            DEMO_TRAIN_PER_CLASS,
+            DEMO_VAL_PER_CLASS,
+            DEMO_IMAGE_SIZE,
+            args.seed,
+        )?;
         std::fs::write(&stamp, b"")?;
         say!(
             "demo: wrote {} shape images ({} classes) to {} in {:.1}s",
@@ -369,12 +382,17 @@ fn demo(args: &DemoArgs) -> Result<()> {
         ..Default::default()
     };
     let summary = crate::train::run(&cfg, None)?;
-    say!("\nclassification report (best epoch {}):\n{}", summary.best_epoch, summary.report.to_text());
+    say!(
+        "\nclassification report (best epoch {}):\n{}",
+        summary.best_epoch,
+        summary.report.to_text()
+    );
     Ok(())
 }
 
 fn workers(n: Option<usize>) -> usize {
-    n.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)).max(1)
+    n.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
+        .max(1)
 }
 
 fn eval(args: &EvalArgs) -> Result<()> {
@@ -390,8 +408,19 @@ fn eval(args: &EvalArgs) -> Result<()> {
     }
     let pg = match &denv {
         Some(e) => {
-            let backend = if device.is_cuda() && nccl_available() { Backend::Nccl } else { Backend::Gloo };
-            Some(ProcessGroup::new(backend, &e.master_addr, e.master_port, e.rank, e.world_size, std::time::Duration::from_secs(1800))?)
+            let backend = if device.is_cuda() && nccl_available() {
+                Backend::Nccl
+            } else {
+                Backend::Gloo
+            };
+            Some(ProcessGroup::new(
+                backend,
+                &e.master_addr,
+                e.master_port,
+                e.rank,
+                e.world_size,
+                std::time::Duration::from_secs(1800),
+            )?)
         }
         None => None,
     };
@@ -411,7 +440,10 @@ fn eval(args: &EvalArgs) -> Result<()> {
     }
     let loader = Loader::new(
         folder.samples,
-        Transform::Eval { size: state.img_size, resize: state.eval_resize },
+        Transform::Eval {
+            size: state.img_size,
+            resize: state.eval_resize,
+        },
         LoaderOptions {
             batch_size: args.infer.batch_size,
             shuffle: false,
@@ -420,16 +452,32 @@ fn eval(args: &EvalArgs) -> Result<()> {
             workers: workers(args.infer.workers),
             prefetch: 4,
             skip_unreadable: true,
-            shard: pg.as_ref().map(|p| Shard { rank: p.rank, world: p.world_size, pad: false }),
+            shard: pg.as_ref().map(|p| Shard {
+                rank: p.rank,
+                world: p.world_size,
+                pad: false,
+            }),
         },
     )?;
-    let ev = evaluate(&model, &loader, &crate::data::Normalizer::new(state.mean3(), state.std3(), device), pg.as_ref())?;
+    let ev = evaluate(
+        &model,
+        &loader,
+        &crate::data::Normalizer::new(state.mean3(), state.std3(), device),
+        pg.as_ref(),
+    )?;
     for (p, e) in &ev.skipped {
         crate::report::progress::warn_unreadable(p, e);
     }
     let out = args.out.clone().unwrap_or_else(|| {
-        let name = args.checkpoint.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
-        args.checkpoint.parent().unwrap_or(Path::new(".")).join(format!("eval-{name}"))
+        let name = args
+            .checkpoint
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "checkpoint".into());
+        args.checkpoint
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(format!("eval-{name}"))
     });
     if !is_main {
         return Ok(());
@@ -464,18 +512,42 @@ fn predict(args: &PredictArgs) -> Result<()> {
         crate::report::progress::warn_unreadable(p, e);
     }
     const SHOWN: usize = 20;
-    let width = s.predictions.iter().take(SHOWN).map(|p| p.path.display().to_string().len()).max().unwrap_or(4).min(70);
+    let width = s
+        .predictions
+        .iter()
+        .take(SHOWN)
+        .map(|p| p.path.display().to_string().len())
+        .max()
+        .unwrap_or(4)
+        .min(70);
     say!("{:<width$}  {:<24} {:>8}", "path", "predicted", "prob");
     for p in s.predictions.iter().take(SHOWN) {
         let path = p.path.display().to_string();
-        let path = if path.len() > width { format!("...{}", &path[path.len() - width + 3..]) } else { path };
-        say!("{:<width$}  {:<24} {:>7.2}%", path, s.classes[p.top[0].0], 100.0 * p.top[0].1);
+        let path = if path.len() > width {
+            format!("...{}", &path[path.len() - width + 3..])
+        } else {
+            path
+        };
+        say!(
+            "{:<width$}  {:<24} {:>7.2}%",
+            path,
+            s.classes[p.top[0].0],
+            100.0 * p.top[0].1
+        );
     }
     if s.predictions.len() > SHOWN {
         say!("... and {} more", s.predictions.len() - SHOWN);
     }
-    let acc = s.accuracy().map(|(a, n)| format!("; accuracy {:.2}% on {n} labelled images", 100.0 * a)).unwrap_or_default();
-    say!("{} images predicted, {} skipped{acc}; CSV: {}", s.predictions.len(), s.skipped.len(), args.out.display());
+    let acc = s
+        .accuracy()
+        .map(|(a, n)| format!("; accuracy {:.2}% on {n} labelled images", 100.0 * a))
+        .unwrap_or_default();
+    say!(
+        "{} images predicted, {} skipped{acc}; CSV: {}",
+        s.predictions.len(),
+        s.skipped.len(),
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -504,7 +576,13 @@ fn dist_setup(a: &DistArgs, cfg: &TrainConfig) -> Result<Setup> {
             Some("fp16") => Some(tch::Kind::Half),
             _ => None,
         };
-        return Ok(Setup::Worker(DistSetup { env, timeout, bucket_mb: a.bucket_mb, grad_compress, sync_bn: a.sync_bn }));
+        return Ok(Setup::Worker(DistSetup {
+            env,
+            timeout,
+            bucket_mb: a.bucket_mb,
+            grad_compress,
+            sync_bn: a.sync_bn,
+        }));
     }
     if std::env::var_os(launcher::LAUNCHED_VAR).is_some() {
         return Err(user_error("launched as a worker but RANK/WORLD_SIZE are missing"));
@@ -518,18 +596,26 @@ fn dist_setup(a: &DistArgs, cfg: &TrainConfig) -> Result<Setup> {
         None => 1,
     };
     if cuda && a.devices.is_none() && nproc > gpus {
-        return Err(user_error(format!("--nproc-per-node {nproc} is more than the {gpus} visible GPUs (NCCL needs one GPU per rank)")));
+        return Err(user_error(format!(
+            "--nproc-per-node {nproc} is more than the {gpus} visible GPUs (NCCL needs one GPU per rank)"
+        )));
     }
     if let Some(d) = &a.devices {
         if d.len() != nproc {
-            return Err(user_error(format!("--devices lists {} devices for {nproc} local ranks", d.len())));
+            return Err(user_error(format!(
+                "--devices lists {} devices for {nproc} local ranks",
+                d.len()
+            )));
         }
         if let Some(bad) = d.iter().find(|&&i| cuda && i >= gpus) {
             return Err(user_error(format!("--devices: no CUDA device {bad} ({gpus} visible)")));
         }
     }
     if a.nnodes == 0 || a.node_rank >= a.nnodes {
-        return Err(user_error(format!("--node-rank {} must be less than --nnodes {}", a.node_rank, a.nnodes)));
+        return Err(user_error(format!(
+            "--node-rank {} must be less than --nnodes {}",
+            a.node_rank, a.nnodes
+        )));
     }
     if nproc == 1 && a.nnodes == 1 {
         return Ok(Setup::Single);
@@ -584,25 +670,53 @@ fn bench(a: &BenchArgs) -> Result<()> {
         warmup: a.warmup,
         window,
     };
-    let mem = |b: Option<u64>| b.map(|b| format!(", peak memory {:.2} GiB", b as f64 / (1u64 << 30) as f64)).unwrap_or_default();
+    let mem = |b: Option<u64>| {
+        b.map(|b| format!(", peak memory {:.2} GiB", b as f64 / (1u64 << 30) as f64))
+            .unwrap_or_default()
+    };
     say!(
         "{} batch {} at {}px, {:?}, amp {:?}, channels_last {}: {} timed steps in windows of {window}",
-        o.model, o.batch_size, o.img_size, o.device, o.amp, o.channels_last, o.steps
+        o.model,
+        o.batch_size,
+        o.img_size,
+        o.device,
+        o.amp,
+        o.channels_last,
+        o.steps
     );
     let ours = crate::bench::run(&o)?;
-    say!("ringtrain: {:.1} img/s{}", ours.images_per_s, mem(ours.peak_memory_bytes));
+    say!(
+        "ringtrain: {:.1} img/s{}",
+        ours.images_per_s,
+        mem(ours.peak_memory_bytes)
+    );
     if a.vs_pytorch {
-        let python = a.python.clone().or_else(|| std::env::var("RINGTRAIN_PYTHON").ok()).unwrap_or_else(|| "python3".into());
+        let python = a
+            .python
+            .clone()
+            .or_else(|| std::env::var("RINGTRAIN_PYTHON").ok())
+            .unwrap_or_else(|| "python3".into());
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_step.py");
         let theirs = crate::bench::run_pytorch(&o, &python, &script)?;
-        say!("pytorch:   {:.1} img/s{}", theirs.images_per_s, mem(theirs.peak_memory_bytes));
-        say!("ratio ringtrain / pytorch: {:.3}", ours.images_per_s / theirs.images_per_s);
+        say!(
+            "pytorch:   {:.1} img/s{}",
+            theirs.images_per_s,
+            mem(theirs.peak_memory_bytes)
+        );
+        say!(
+            "ratio ringtrain / pytorch: {:.3}",
+            ours.images_per_s / theirs.images_per_s
+        );
     }
     Ok(())
 }
 
 fn version() -> String {
-    let mut s = format!("ringtrain {}\nlibtorch {}", env!("CARGO_PKG_VERSION"), shim::torch_version());
+    let mut s = format!(
+        "ringtrain {}\nlibtorch {}",
+        env!("CARGO_PKG_VERSION"),
+        shim::torch_version()
+    );
     match shim::cuda_version() {
         Some(v) => s += &format!("\nCUDA {v} ({} device(s) visible)", tch::Cuda::device_count()),
         None => s += "\nCUDA not available",
@@ -627,13 +741,21 @@ fn dispatch(cli: Cli) -> Result<()> {
                     cfg.validate()?; // reject bad input once, before starting any worker
                     let argv: Vec<String> = std::env::args().skip(1).collect();
                     let code = launcher::launch(&spec, &argv)?;
-                    return if code == 0 { Ok(()) } else { Err(anyhow::Error::new(ExitCode(code))) };
+                    return if code == 0 {
+                        Ok(())
+                    } else {
+                        Err(anyhow::Error::new(ExitCode(code)))
+                    };
                 }
                 Setup::Worker(d) => Some(d),
                 Setup::Single => None,
             };
             let summary = crate::train::run(&cfg, dist.as_ref())?;
-            say!("\nclassification report (best epoch {}):\n{}", summary.best_epoch, summary.report.to_text());
+            say!(
+                "\nclassification report (best epoch {}):\n{}",
+                summary.best_epoch,
+                summary.report.to_text()
+            );
             Ok(())
         }
         Some(Command::Demo(args)) => demo(&args),
@@ -655,10 +777,19 @@ fn dispatch(cli: Cli) -> Result<()> {
                 crate::report::progress::warn_unreadable(p, e);
             }
             let f = |v: [f64; 3]| format!("{:.6},{:.6},{:.6}", v[0], v[1], v[2]);
-            say!("{} images, {} pixels ({} unreadable skipped)", s.images, s.pixels, s.unreadable.len());
+            say!(
+                "{} images, {} pixels ({} unreadable skipped)",
+                s.images,
+                s.pixels,
+                s.unreadable.len()
+            );
             say!("mean {}\nstd  {}", f(s.mean), f(s.std));
             say!("ringtrain train ... --mean {} --std {}", f(s.mean), f(s.std));
-            say!("transforms.Normalize(mean=[{}], std=[{}])", f(s.mean).replace(',', ", "), f(s.std).replace(',', ", "));
+            say!(
+                "transforms.Normalize(mean=[{}], std=[{}])",
+                f(s.mean).replace(',', ", "),
+                f(s.std).replace(',', ", ")
+            );
             Ok(())
         }
         None => Err(user_error("no command given; try `ringtrain --help`")),

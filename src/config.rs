@@ -193,7 +193,8 @@ impl TrainConfig {
     }
 
     pub fn eval_resize(&self) -> u32 {
-        self.eval_resize.unwrap_or(((self.img_size as f64) / 0.875).round() as u32)
+        self.eval_resize
+            .unwrap_or(((self.img_size as f64) / 0.875).round() as u32)
     }
 
     pub fn t_max(&self) -> f64 {
@@ -210,7 +211,9 @@ impl TrainConfig {
 
     /// Every check that needs no data: run before any work, each failure one line naming the flag.
     pub fn validate(&self) -> Result<()> {
-        let Some(data) = &self.data else { bail_user!("--data is required (a folder of <class>/<image> files)") };
+        let Some(data) = &self.data else {
+            bail_user!("--data is required (a folder of <class>/<image> files)")
+        };
         if !data.exists() {
             bail_user!("--data directory does not exist: {}", data.display());
         }
@@ -220,7 +223,11 @@ impl TrainConfig {
             }
         }
         if !MODEL_NAMES.contains(&self.model.as_str()) {
-            bail_user!("unknown --model '{}' (expected one of: {})", self.model, MODEL_NAMES.join(", "));
+            bail_user!(
+                "unknown --model '{}' (expected one of: {})",
+                self.model,
+                MODEL_NAMES.join(", ")
+            );
         }
         let pos = |v: f64| v.is_finite() && v > 0.0;
         let nonneg = |v: f64| v.is_finite() && v >= 0.0;
@@ -235,10 +242,18 @@ impl TrainConfig {
         }
         let min_size = if self.model == "alexnet" { 63 } else { 8 };
         if self.img_size < min_size || self.img_size > 4096 {
-            bail_user!("--img-size {} is out of range for {} ({min_size}..4096)", self.img_size, self.model);
+            bail_user!(
+                "--img-size {} is out of range for {} ({min_size}..4096)",
+                self.img_size,
+                self.model
+            );
         }
         if self.eval_resize() < self.img_size {
-            bail_user!("--eval-resize {} must be at least --img-size {}", self.eval_resize(), self.img_size);
+            bail_user!(
+                "--eval-resize {} must be at least --img-size {}",
+                self.eval_resize(),
+                self.img_size
+            );
         }
         if !(0.0..1.0).contains(&self.momentum) {
             bail_user!("--momentum must be in [0, 1), got {}", self.momentum);
@@ -253,7 +268,10 @@ impl TrainConfig {
             bail_user!("--label-smoothing must be in [0, 1), got {}", self.label_smoothing);
         }
         if !nonneg(self.warmup_epochs) || self.warmup_epochs >= self.epochs as f64 {
-            bail_user!("--warmup-epochs must be >= 0 and less than --epochs, got {}", self.warmup_epochs);
+            bail_user!(
+                "--warmup-epochs must be >= 0 and less than --epochs, got {}",
+                self.warmup_epochs
+            );
         }
         if !nonneg(self.eta_min) || self.eta_min > self.lr {
             bail_user!("--eta-min must be in [0, lr], got {}", self.eta_min);
@@ -269,14 +287,26 @@ impl TrainConfig {
                 bail_user!("--clip-grad-norm must be positive, got {c}");
             }
         }
-        if self.crop_scale.len() != 2 || !(self.crop_scale[0] > 0.0 && self.crop_scale[0] <= self.crop_scale[1] && self.crop_scale[1] <= 1.0) {
-            bail_user!("--crop-scale must be two numbers 0 < min <= max <= 1, got {:?}", self.crop_scale);
+        if self.crop_scale.len() != 2
+            || !(self.crop_scale[0] > 0.0 && self.crop_scale[0] <= self.crop_scale[1] && self.crop_scale[1] <= 1.0)
+        {
+            bail_user!(
+                "--crop-scale must be two numbers 0 < min <= max <= 1, got {:?}",
+                self.crop_scale
+            );
         }
         if self.mean.len() != 3 || self.std.len() != 3 || !self.std.iter().all(|&s| pos(s)) {
-            bail_user!("--mean and --std need three values each, std > 0 (got {:?} and {:?})", self.mean, self.std);
+            bail_user!(
+                "--mean and --std need three values each, std > 0 (got {:?} and {:?})",
+                self.mean,
+                self.std
+            );
         }
         if self.val.is_none() && !(self.val_split > 0.0 && self.val_split < 1.0) {
-            bail_user!("--val-split must be in (0, 1) when no --val is given, got {}", self.val_split);
+            bail_user!(
+                "--val-split must be in (0, 1) when no --val is given, got {}",
+                self.val_split
+            );
         }
         if self.workers == Some(0) || self.prefetch == 0 {
             bail_user!("--workers and --prefetch must be at least 1");
@@ -318,7 +348,10 @@ mod tests {
         let file: toml::Table = "lr = 0.5\nepochs = 3\nmodel = \"resnet50\"".parse().unwrap();
         let flags: toml::Table = "lr = 0.01".parse().unwrap();
         let c = resolve(Some(file), flags).unwrap();
-        assert_eq!((c.lr, c.epochs, c.model.as_str(), c.batch_size), (0.01, 3, "resnet50", 64));
+        assert_eq!(
+            (c.lr, c.epochs, c.model.as_str(), c.batch_size),
+            (0.01, 3, "resnet50", 64)
+        );
     }
 
     #[test]
@@ -331,7 +364,11 @@ mod tests {
 
     #[test]
     fn resolved_config_round_trips_through_toml() {
-        let c = TrainConfig { data: Some("d".into()), clip_grad_norm: Some(1.0), ..Default::default() };
+        let c = TrainConfig {
+            data: Some("d".into()),
+            clip_grad_norm: Some(1.0),
+            ..Default::default()
+        };
         let back = resolve(Some(c.to_toml().unwrap().parse().unwrap()), toml::Table::new()).unwrap();
         assert_eq!(back.to_toml().unwrap(), c.to_toml().unwrap());
     }

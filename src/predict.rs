@@ -9,8 +9,8 @@ use crate::atomic;
 use crate::bail_user;
 use crate::data::folder::{is_image_file, walk_images};
 use crate::data::loader::{Loader, LoaderOptions};
-use crate::data::Normalizer;
 use crate::data::transform::Transform;
+use crate::data::Normalizer;
 use crate::train::checkpoint;
 
 /// The images to predict, with their true class where the input was an ImageFolder tree whose
@@ -32,12 +32,22 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
             out.labels.push(None);
             continue;
         }
-        let mut subdirs: Vec<PathBuf> = std::fs::read_dir(input)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir()).collect();
+        let mut subdirs: Vec<PathBuf> = std::fs::read_dir(input)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_dir())
+            .collect();
         subdirs.sort();
-        let class_of = |d: &Path| d.file_name().and_then(|n| n.to_str()).and_then(|n| classes.iter().position(|c| c == n));
+        let class_of = |d: &Path| {
+            d.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| classes.iter().position(|c| c == n))
+        };
         let labelled = !subdirs.is_empty() && subdirs.iter().all(|d| class_of(d).is_some());
         if labelled {
-            let mut top: Vec<PathBuf> = std::fs::read_dir(input)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file() && is_image_file(p)).collect();
+            let mut top: Vec<PathBuf> = std::fs::read_dir(input)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && is_image_file(p))
+                .collect();
             top.sort();
             out.labels.extend(top.iter().map(|_| None));
             out.paths.extend(top);
@@ -55,7 +65,14 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
         }
     }
     if out.paths.is_empty() {
-        bail_user!("no images found in the inputs ({})", inputs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+        bail_user!(
+            "no images found in the inputs ({})",
+            inputs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     Ok(out)
 }
@@ -104,8 +121,20 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
     let samples: Vec<(PathBuf, usize)> = inputs.paths.iter().map(|p| (p.clone(), 0)).collect();
     let loader = Loader::new(
         samples,
-        Transform::Eval { size: state.img_size, resize: state.eval_resize },
-        LoaderOptions { batch_size: o.batch_size, shuffle: false, drop_last: false, seed: 0, workers: o.workers, prefetch: 4, skip_unreadable: true, shard: None },
+        Transform::Eval {
+            size: state.img_size,
+            resize: state.eval_resize,
+        },
+        LoaderOptions {
+            batch_size: o.batch_size,
+            shuffle: false,
+            drop_last: false,
+            seed: 0,
+            workers: o.workers,
+            prefetch: 4,
+            skip_unreadable: true,
+            shard: None,
+        },
     )?;
     let normalize = Normalizer::new(state.mean3(), state.std3(), o.device);
     let k = o.topk.min(state.classes.len());
@@ -124,12 +153,20 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
             let idx = Vec::<i64>::try_from(idx.to_device(Device::Cpu).flatten(0, -1))?;
             for (row, &i) in batch.indices.iter().enumerate() {
                 let top = (0..k).map(|j| (idx[row * k + j] as usize, p[row * k + j])).collect();
-                predictions.push(Prediction { path: inputs.paths[i].clone(), label: inputs.labels[i], top });
+                predictions.push(Prediction {
+                    path: inputs.paths[i].clone(),
+                    label: inputs.labels[i],
+                    top,
+                });
             }
         }
         Ok(())
     })?;
-    let summary = PredictSummary { predictions, skipped, classes: state.classes };
+    let summary = PredictSummary {
+        predictions,
+        skipped,
+        classes: state.classes,
+    };
     write_csv(&o.out, &summary, k)?;
     Ok(summary)
 }
@@ -137,7 +174,13 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
 /// path, predicted, probability, label, correct, then top-k class/probability pairs.
 fn write_csv(path: &Path, s: &PredictSummary, k: usize) -> Result<()> {
     let mut w = csv::Writer::from_writer(Vec::new());
-    let mut header = vec!["path".to_string(), "predicted".into(), "probability".into(), "label".into(), "correct".into()];
+    let mut header = vec![
+        "path".to_string(),
+        "predicted".into(),
+        "probability".into(),
+        "label".into(),
+        "correct".into(),
+    ];
     for j in 1..=k {
         header.push(format!("top{j}_class"));
         header.push(format!("top{j}_probability"));
@@ -183,8 +226,20 @@ mod tests {
         img(&d.path().join("flat/a.png"));
         img(&d.path().join("flat/other/b.png"));
         img(&d.path().join("single.png"));
-        let i = collect_inputs(&[d.path().join("tree"), d.path().join("flat"), d.path().join("single.png")], &classes).unwrap();
-        let names: Vec<_> = i.paths.iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect();
+        let i = collect_inputs(
+            &[
+                d.path().join("tree"),
+                d.path().join("flat"),
+                d.path().join("single.png"),
+            ],
+            &classes,
+        )
+        .unwrap();
+        let names: Vec<_> = i
+            .paths
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap())
+            .collect();
         assert_eq!(names, vec!["2.png", "1.png", "a.png", "b.png", "single.png"]);
         assert_eq!(i.labels, vec![Some(0), Some(1), None, None, None]);
         let e = collect_inputs(&[d.path().join("missing")], &classes).unwrap_err();

@@ -18,7 +18,12 @@ mod ffi {
         pub fn rt_to_channels_last(t: *mut torch_sys::C_tensor) -> *mut torch_sys::C_tensor;
         pub fn rt_is_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_set_data_channels_last(t: *mut torch_sys::C_tensor) -> c_int;
-        pub fn rt_amp_unscale(grads: *const *mut torch_sys::C_tensor, n: c_int, found_inf: *mut torch_sys::C_tensor, inv_scale: *mut torch_sys::C_tensor) -> c_int;
+        pub fn rt_amp_unscale(
+            grads: *const *mut torch_sys::C_tensor,
+            n: c_int,
+            found_inf: *mut torch_sys::C_tensor,
+            inv_scale: *mut torch_sys::C_tensor,
+        ) -> c_int;
         pub fn rt_set_grad(param: *mut torch_sys::C_tensor, grad: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_cuda_peak_memory(device: c_int, reset: c_int) -> i64;
         pub fn rt_torch_version() -> *const c_char;
@@ -34,7 +39,9 @@ pub fn last_error_message() -> String {
 
 fn last_error() -> String {
     // SAFETY: the shim returns a pointer to a thread-local NUL-terminated string.
-    unsafe { CStr::from_ptr(ffi::rt_last_error()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ffi::rt_last_error()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn check(rc: c_int) -> Result<c_int> {
@@ -76,7 +83,10 @@ pub fn autocast(device: Device, kind: Kind) -> Result<AutocastGuard> {
     let was_enabled = check(unsafe { ffi::rt_autocast_is_enabled(dev) })? == 1;
     check(unsafe { ffi::rt_autocast_set_dtype(dev, scalar_type(kind)?) })?;
     check(unsafe { ffi::rt_autocast_set_enabled(dev, 1) })?;
-    Ok(AutocastGuard { device: dev, was_enabled })
+    Ok(AutocastGuard {
+        device: dev,
+        was_enabled,
+    })
 }
 
 impl Drop for AutocastGuard {
@@ -95,12 +105,14 @@ pub fn autocast_enabled(device: Device) -> bool {
 }
 
 pub fn autocast_dtype(device: Device) -> Result<Kind> {
-    Ok(match check(unsafe { ffi::rt_autocast_get_dtype(device_type(device)) })? {
-        5 => Kind::Half,
-        6 => Kind::Float,
-        15 => Kind::BFloat16,
-        other => bail!("unexpected autocast dtype {other}"),
-    })
+    Ok(
+        match check(unsafe { ffi::rt_autocast_get_dtype(device_type(device)) })? {
+            5 => Kind::Half,
+            6 => Kind::Float,
+            15 => Kind::BFloat16,
+            other => bail!("unexpected autocast dtype {other}"),
+        },
+    )
 }
 
 /// A copy of a 4-d tensor with channels_last (NHWC) strides; same shape and values.
@@ -135,7 +147,14 @@ pub fn set_torch_log_level(level: i32) {
 /// tensor) to 1 if any of them holds inf or NaN.
 pub fn amp_unscale(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> Result<()> {
     let ptrs: Vec<*mut torch_sys::C_tensor> = grads.iter().map(|g| g.as_ptr() as *mut _).collect();
-    check(unsafe { ffi::rt_amp_unscale(ptrs.as_ptr(), ptrs.len() as c_int, found_inf.as_ptr() as *mut _, inv_scale.as_ptr() as *mut _) })?;
+    check(unsafe {
+        ffi::rt_amp_unscale(
+            ptrs.as_ptr(),
+            ptrs.len() as c_int,
+            found_inf.as_ptr() as *mut _,
+            inv_scale.as_ptr() as *mut _,
+        )
+    })?;
     Ok(())
 }
 
@@ -156,7 +175,9 @@ pub fn reset_cuda_peak_memory(device: usize) {
 }
 
 pub fn torch_version() -> String {
-    unsafe { CStr::from_ptr(ffi::rt_torch_version()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ffi::rt_torch_version()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// CUDA runtime version as "13.0", or None without CUDA.

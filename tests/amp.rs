@@ -10,10 +10,19 @@ use tch::{Device, Tensor};
 fn grad_scaler_matches_pytorch_on_a_scripted_sequence() {
     let (steps, bad) = (4300usize, [3usize, 4, 10, 2500]);
     let bad_arg = bad.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
-    let reference: Vec<(f64, bool)> = serde_json::from_str(&common::run_python(&["grad_scaler", &steps.to_string(), &bad_arg])).unwrap();
+    let reference: Vec<(f64, bool)> =
+        serde_json::from_str(&common::run_python(&["grad_scaler", &steps.to_string(), &bad_arg])).unwrap();
     let mut scaler = GradScaler::new(Device::Cpu, None);
     for (k, (want_scale, want_step)) in reference.iter().enumerate() {
-        let g = if bad.contains(&k) { if k % 2 == 0 { f64::INFINITY } else { f64::NAN } } else { 1.0 };
+        let g = if bad.contains(&k) {
+            if k % 2 == 0 {
+                f64::INFINITY
+            } else {
+                f64::NAN
+            }
+        } else {
+            1.0
+        };
         let grad = Tensor::from_slice(&[g as f32, g as f32]) * scaler.state().scale;
         let skipped = scaler.unscale(&[grad], None).unwrap();
         scaler.update();
@@ -32,13 +41,32 @@ fn bf16_autocast_training_on_cpu_is_quiet_and_learns() {
     for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
         std::fs::create_dir_all(d.path().join("data").join(name)).unwrap();
         for i in 0..12 {
-            ringtrain::data::demo::render(c, 36, 8, i).save(d.path().join("data").join(name).join(format!("{i}.png"))).unwrap();
+            ringtrain::data::demo::render(c, 36, 8, i)
+                .save(d.path().join("data").join(name).join(format!("{i}.png")))
+                .unwrap();
         }
     }
     let out = d.path().join("run");
     let o = common::ringtrain(&[
-        "train", "--data", d.path().join("data").to_str().unwrap(), "--out", out.to_str().unwrap(), "--model", "resnet10-tiny",
-        "--img-size", "32", "--epochs", "2", "--batch-size", "8", "--device", "cpu", "--amp", "bf16", "--log-every", "1",
+        "train",
+        "--data",
+        d.path().join("data").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--model",
+        "resnet10-tiny",
+        "--img-size",
+        "32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+        "--amp",
+        "bf16",
+        "--log-every",
+        "1",
     ]);
     let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{stderr}");
@@ -49,7 +77,15 @@ fn bf16_autocast_training_on_cpu_is_quiet_and_learns() {
         let loss: f64 = l.split(',').nth(1).unwrap().parse().unwrap();
         assert!(loss.is_finite());
     }
-    let o = common::ringtrain(&["train", "--data", d.path().join("data").to_str().unwrap(), "--device", "cpu", "--amp", "fp16"]);
+    let o = common::ringtrain(&[
+        "train",
+        "--data",
+        d.path().join("data").to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--amp",
+        "fp16",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--amp fp16 needs a CUDA device"));
 }
@@ -57,16 +93,39 @@ fn bf16_autocast_training_on_cpu_is_quiet_and_learns() {
 #[test]
 fn bench_measures_ringtrain_and_pytorch_in_one_run() {
     let o = common::ringtrain(&[
-        "bench", "--model", "resnet18-cifar", "--img-size", "32", "--batch-size", "8", "--steps", "10", "--warmup", "2",
-        "--device", "cpu", "--amp", "bf16", "--vs-pytorch", "--python", &common::python(),
+        "bench",
+        "--model",
+        "resnet18-cifar",
+        "--img-size",
+        "32",
+        "--batch-size",
+        "8",
+        "--steps",
+        "10",
+        "--warmup",
+        "2",
+        "--device",
+        "cpu",
+        "--amp",
+        "bf16",
+        "--vs-pytorch",
+        "--python",
+        &common::python(),
     ]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
     let figure = |prefix: &str| -> f64 {
-        let line = stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no '{prefix}' line in {stdout}"));
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no '{prefix}' line in {stdout}"));
         line.split_whitespace().find_map(|w| w.parse::<f64>().ok()).unwrap()
     };
-    let (ours, theirs, ratio) = (figure("ringtrain:"), figure("pytorch:"), figure("ratio ringtrain / pytorch:"));
+    let (ours, theirs, ratio) = (
+        figure("ringtrain:"),
+        figure("pytorch:"),
+        figure("ratio ringtrain / pytorch:"),
+    );
     assert!(ours > 0.0 && theirs > 0.0);
     assert!((ratio - ours / theirs).abs() < 0.01, "{stdout}");
 }
@@ -77,19 +136,49 @@ fn channels_last_training_gives_the_same_numbers_as_contiguous() {
     for (c, name) in ["circle", "ring"].iter().enumerate() {
         std::fs::create_dir_all(d.path().join("data").join(name)).unwrap();
         for i in 0..8 {
-            ringtrain::data::demo::render(c, 36, 2, i).save(d.path().join("data").join(name).join(format!("{i}.png"))).unwrap();
+            ringtrain::data::demo::render(c, 36, 2, i)
+                .save(d.path().join("data").join(name).join(format!("{i}.png")))
+                .unwrap();
         }
     }
     let run = |name: &str, cl: &str| {
         let out = d.path().join(name);
         let o = common::ringtrain(&[
-            "train", "--data", d.path().join("data").to_str().unwrap(), "--out", out.to_str().unwrap(), "--model", "resnet10-tiny",
-            "--img-size", "32", "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--channels-last", cl, "--lr", "0.01",
+            "train",
+            "--data",
+            d.path().join("data").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--model",
+            "resnet10-tiny",
+            "--img-size",
+            "32",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+            "--channels-last",
+            cl,
+            "--lr",
+            "0.01",
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        Tensor::read_safetensors(out.join("last/model.safetensors")).unwrap().into_iter().collect::<std::collections::HashMap<_, _>>()
+        Tensor::read_safetensors(out.join("last/model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>()
     };
     let (a, b) = (run("nchw", "false"), run("nhwc", "true"));
-    let diff = a.iter().map(|(k, t)| (t.to_kind(tch::Kind::Double) - b[k].to_kind(tch::Kind::Double)).abs().max().double_value(&[])).fold(0.0, f64::max);
+    let diff = a
+        .iter()
+        .map(|(k, t)| {
+            (t.to_kind(tch::Kind::Double) - b[k].to_kind(tch::Kind::Double))
+                .abs()
+                .max()
+                .double_value(&[])
+        })
+        .fold(0.0, f64::max);
     assert!(diff < 1e-4, "channels_last changed the result by {diff}");
 }

@@ -10,7 +10,9 @@ fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
     for (c, name) in classes.iter().enumerate() {
         std::fs::create_dir_all(root.join(name)).unwrap();
         for i in 0..per_class {
-            ringtrain::data::demo::render(c, 36, 3, i as u64).save(root.join(name).join(format!("{i}.png"))).unwrap();
+            ringtrain::data::demo::render(c, 36, 3, i as u64)
+                .save(root.join(name).join(format!("{i}.png")))
+                .unwrap();
         }
     }
 }
@@ -19,10 +21,24 @@ fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
 fn expect_user_error(args: &[&str], needle: &str) {
     let out = ringtrain(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: expected exit 2, stderr: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: expected one line, got: {stderr}");
-    assert!(stderr.starts_with("error: ") && stderr.contains(needle), "{args:?}: {stderr:?} lacks {needle:?}");
-    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: expected exit 2, stderr: {stderr}"
+    );
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "{args:?}: expected one line, got: {stderr}"
+    );
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -33,7 +49,11 @@ fn bad_input_is_rejected_with_one_line_and_exit_2_before_any_work() {
     let out = d.path().join("run");
     let (data_s, out_s) = (data.to_str().unwrap(), out.to_str().unwrap());
     let base = |extra: &[&str]| -> Vec<String> {
-        ["train", "--data", data_s, "--out", out_s, "--epochs", "1"].iter().chain(extra).map(|s| s.to_string()).collect()
+        ["train", "--data", data_s, "--out", out_s, "--epochs", "1"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
     };
     let run = |extra: &[&str], needle: &str| {
         let args = base(extra);
@@ -48,11 +68,17 @@ fn bad_input_is_rejected_with_one_line_and_exit_2_before_any_work() {
     expect_user_error(&["train", "--data", "/no/such/dir", "--out", out_s], "/no/such/dir");
     let empty = d.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    expect_user_error(&["train", "--data", empty.to_str().unwrap(), "--out", out_s], "no class sub-directories");
+    expect_user_error(
+        &["train", "--data", empty.to_str().unwrap(), "--out", out_s],
+        "no class sub-directories",
+    );
     let with_empty_class = d.path().join("with_empty_class");
     make_folder(&with_empty_class, &["a"], 2);
     std::fs::create_dir(with_empty_class.join("b")).unwrap();
-    expect_user_error(&["train", "--data", with_empty_class.to_str().unwrap(), "--out", out_s], "class 'b' has no images");
+    expect_user_error(
+        &["train", "--data", with_empty_class.to_str().unwrap(), "--out", out_s],
+        "class 'b' has no images",
+    );
     let val = d.path().join("val");
     make_folder(&val, &["a", "c"], 2);
     run(&["--val", val.to_str().unwrap()], "validation classes differ");
@@ -71,23 +97,60 @@ fn config_file_is_used_and_flags_override_it() {
     let data = d.path().join("data");
     make_folder(&data, &["a", "b"], 6);
     let cfg = d.path().join("run.toml");
-    std::fs::write(&cfg, format!("data = {:?}\nmodel = \"resnet10-tiny\"\nimg_size = 32\nepochs = 1\nbatch_size = 4\nlr = 0.5\n", data)).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "data = {:?}\nmodel = \"resnet10-tiny\"\nimg_size = 32\nepochs = 1\nbatch_size = 4\nlr = 0.5\n",
+            data
+        ),
+    )
+    .unwrap();
     let out = d.path().join("run");
-    let o = ringtrain(&["train", "--config", cfg.to_str().unwrap(), "--lr", "0.02", "--out", out.to_str().unwrap(), "--device", "cpu"]);
+    let o = ringtrain(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--lr",
+        "0.02",
+        "--out",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let resolved: toml::Table = std::fs::read_to_string(out.join("config.toml")).unwrap().parse().unwrap();
+    let resolved: toml::Table = std::fs::read_to_string(out.join("config.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(resolved["lr"].as_float(), Some(0.02));
     assert_eq!(resolved["batch_size"].as_integer(), Some(4));
     assert_eq!(resolved["model"].as_str(), Some("resnet10-tiny"));
 
     // A second run into the same directory is refused, and the first run's checkpoint stays.
     let before = std::fs::read(out.join("last/model.safetensors")).unwrap();
-    let args = ["train", "--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--device", "cpu"];
+    let args = [
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ];
     expect_user_error(&args, "already holds a run");
     assert_eq!(std::fs::read(out.join("last/model.safetensors")).unwrap(), before);
     let o = ringtrain(&[&args[..], &["--overwrite"]].concat());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let events = std::fs::read_dir(&out).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("events.out")).count();
+    let events = std::fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("events.out")
+        })
+        .count();
     assert_eq!(events, 1, "--overwrite replaces the event file too");
 }
 
@@ -99,8 +162,25 @@ fn same_seed_gives_bit_identical_cpu_runs() {
     let run = |name: &str| {
         let out = d.path().join(name);
         let o = ringtrain(&[
-            "train", "--data", data.to_str().unwrap(), "--out", out.to_str().unwrap(), "--model", "resnet10-tiny",
-            "--img-size", "32", "--epochs", "2", "--batch-size", "8", "--device", "cpu", "--seed", "5", "--workers", "2",
+            "train",
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--model",
+            "resnet10-tiny",
+            "--img-size",
+            "32",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "8",
+            "--device",
+            "cpu",
+            "--seed",
+            "5",
+            "--workers",
+            "2",
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         out
@@ -108,11 +188,18 @@ fn same_seed_gives_bit_identical_cpu_runs() {
     let (a, b) = (run("a"), run("b"));
     // Everything but the timing columns.
     let metrics = |p: &Path| -> Vec<String> {
-        std::fs::read_to_string(p.join("metrics.csv")).unwrap().lines().map(|l| l.split(',').take(7).collect::<Vec<_>>().join(",")).collect()
+        std::fs::read_to_string(p.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').take(7).collect::<Vec<_>>().join(","))
+            .collect()
     };
     assert_eq!(metrics(&a), metrics(&b));
     assert_eq!(metrics(&a).len(), 3);
-    assert_eq!(std::fs::read(a.join("last/model.safetensors")).unwrap(), std::fs::read(b.join("last/model.safetensors")).unwrap());
+    assert_eq!(
+        std::fs::read(a.join("last/model.safetensors")).unwrap(),
+        std::fs::read(b.join("last/model.safetensors")).unwrap()
+    );
 }
 
 #[test]
@@ -120,7 +207,10 @@ fn version_names_ringtrain_and_libtorch() {
     let o = ringtrain(&["--version"]);
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success());
-    assert!(s.starts_with(&format!("ringtrain {}", env!("CARGO_PKG_VERSION"))), "{s}");
+    assert!(
+        s.starts_with(&format!("ringtrain {}", env!("CARGO_PKG_VERSION"))),
+        "{s}"
+    );
     assert!(s.contains("libtorch 2.11.0"), "{s}");
 }
 
@@ -132,12 +222,32 @@ fn unreadable_images_are_skipped_with_a_warning_or_stop_the_run_with_strict() {
     std::fs::write(data.join("a/truncated.png"), b"\x89PNG\r\n\x1a\n truncated").unwrap();
     std::fs::write(data.join("b/text.jpg"), b"not a jpeg at all").unwrap();
     let out = d.path().join("run");
-    let base = ["train", "--data", data.to_str().unwrap(), "--model", "resnet10-tiny", "--img-size", "32", "--epochs", "2", "--batch-size", "4", "--device", "cpu", "--val-split", "0.2"];
+    let base = [
+        "train",
+        "--data",
+        data.to_str().unwrap(),
+        "--model",
+        "resnet10-tiny",
+        "--img-size",
+        "32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--val-split",
+        "0.2",
+    ];
     let o = ringtrain(&[&base[..], &["--out", out.to_str().unwrap()]].concat());
     let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{stderr}");
     for bad in ["truncated.png", "text.jpg"] {
-        assert_eq!(stderr.lines().filter(|l| l.contains(bad)).count(), 1, "one warning per file, naming it: {stderr}");
+        assert_eq!(
+            stderr.lines().filter(|l| l.contains(bad)).count(),
+            1,
+            "one warning per file, naming it: {stderr}"
+        );
     }
     assert!(stdout.contains("unreadable images skipped"), "{stdout}");
 
@@ -145,7 +255,10 @@ fn unreadable_images_are_skipped_with_a_warning_or_stop_the_run_with_strict() {
     let o = ringtrain(&[&base[..], &["--out", strict.to_str().unwrap(), "--strict"]].concat());
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(stderr.starts_with("error: ") && (stderr.contains("truncated.png") || stderr.contains("text.jpg")), "{stderr}");
+    assert!(
+        stderr.starts_with("error: ") && (stderr.contains("truncated.png") || stderr.contains("text.jpg")),
+        "{stderr}"
+    );
 
     // Nothing decodes: an error before training, naming the folder.
     let broken = d.path().join("broken");
@@ -154,9 +267,20 @@ fn unreadable_images_are_skipped_with_a_warning_or_stop_the_run_with_strict() {
         std::fs::write(broken.join(c).join("x.png"), b"nope").unwrap();
         std::fs::write(broken.join(c).join("y.png"), b"nope").unwrap();
     }
-    let o = ringtrain(&["train", "--data", broken.to_str().unwrap(), "--out", d.path().join("r3").to_str().unwrap(), "--device", "cpu"]);
+    let o = ringtrain(&[
+        "train",
+        "--data",
+        broken.to_str().unwrap(),
+        "--out",
+        d.path().join("r3").to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("could be read") && stderr.contains("broken"), "{stderr}");
+    assert!(
+        stderr.contains("could be read") && stderr.contains("broken"),
+        "{stderr}"
+    );
     assert!(!d.path().join("r3").exists());
 }

@@ -10,7 +10,11 @@ fn demo_reaches_ninety_percent_on_cpu() {
     assert!(o.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("classification report"), "{stdout}");
     let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    let best = csv.lines().skip(1).map(|l| l.split(',').nth(4).unwrap().parse::<f64>().unwrap()).fold(0.0, f64::max);
+    let best = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(4).unwrap().parse::<f64>().unwrap())
+        .fold(0.0, f64::max);
     assert!(best >= 0.9, "demo reached only {best}:\n{stdout}");
     assert_eq!(std::fs::read_dir(out.join("data/train")).unwrap().count(), 8);
 }

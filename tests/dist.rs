@@ -13,7 +13,9 @@ fn shapes(root: &Path, per_class: usize, offset: u64) {
     for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
         std::fs::create_dir_all(root.join(name)).unwrap();
         for i in 0..per_class {
-            ringtrain::data::demo::render(c, 36, 4, offset + i as u64).save(root.join(name).join(format!("{i}.png"))).unwrap();
+            ringtrain::data::demo::render(c, 36, 4, offset + i as u64)
+                .save(root.join(name).join(format!("{i}.png")))
+                .unwrap();
         }
     }
 }
@@ -34,9 +36,33 @@ fn data(per_class: usize) -> Data {
 fn train_args(d: &Data, out: &Path, model: &str) -> Vec<String> {
     let s = |p: PathBuf| p.to_str().unwrap().to_string();
     [
-        "train", "--data", &s(d.root.join("train")), "--val", &s(d.root.join("val")), "--out", &s(out.to_path_buf()),
-        "--model", model, "--img-size", "32", "--epochs", "2", "--batch-size", "16", "--lr", "0.05", "--sched", "constant",
-        "--device", "cpu", "--seed", "1", "--workers", "1", "--log-every", "0",
+        "train",
+        "--data",
+        &s(d.root.join("train")),
+        "--val",
+        &s(d.root.join("val")),
+        "--out",
+        &s(out.to_path_buf()),
+        "--model",
+        model,
+        "--img-size",
+        "32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.05",
+        "--sched",
+        "constant",
+        "--device",
+        "cpu",
+        "--seed",
+        "1",
+        "--workers",
+        "1",
+        "--log-every",
+        "0",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -50,13 +76,24 @@ fn set(args: &mut [String], flag: &str, value: &str) {
 }
 
 fn run(args: &[String]) -> std::process::Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_ringtrain")).args(args).output().unwrap();
-    assert!(o.status.success(), "{args:?}\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     o
 }
 
 fn weights(run_dir: &Path) -> HashMap<String, Tensor> {
-    Tensor::read_safetensors(run_dir.join("last/model.safetensors")).unwrap().into_iter().collect()
+    Tensor::read_safetensors(run_dir.join("last/model.safetensors"))
+        .unwrap()
+        .into_iter()
+        .collect()
 }
 
 fn max_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f64 {
@@ -77,16 +114,38 @@ fn two_ranks_with_half_batches_reach_the_weights_of_one_process() {
     args.extend(["--nproc-per-node".into(), "2".into()]);
     let o = run(&args);
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("[rank 0] distributed: 2 ranks") && stdout.contains("global batch 16 = 2 × 8"), "{stdout}");
-    assert!(!stdout.contains("[rank 1] epoch"), "only rank 0 reports progress: {stdout}");
+    assert!(
+        stdout.contains("[rank 0] distributed: 2 ranks") && stdout.contains("global batch 16 = 2 × 8"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("[rank 1] epoch"),
+        "only rank 0 reports progress: {stdout}"
+    );
     let diff = max_diff(&weights(&single), &weights(&dual));
-    assert!(diff <= 1e-5, "LeNet-5 (no BatchNorm): 2 ranks x 8 and 1 x 16 differ by {diff}");
+    assert!(
+        diff <= 1e-5,
+        "LeNet-5 (no BatchNorm): 2 ranks x 8 and 1 x 16 differ by {diff}"
+    );
     // The validation shards (12 images over 2 ranks) are combined: same metrics as one process.
     let csv = |p: &Path| std::fs::read_to_string(p.join("metrics.csv")).unwrap();
-    let cols = |s: String| s.lines().map(|l| l.split(',').skip(3).take(3).collect::<Vec<_>>().join(",")).collect::<Vec<_>>();
+    let cols = |s: String| {
+        s.lines()
+            .map(|l| l.split(',').skip(3).take(3).collect::<Vec<_>>().join(","))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(cols(csv(&single)), cols(csv(&dual)));
     // Only rank 0 writes: one event file, one set of checkpoints.
-    let events = std::fs::read_dir(&dual).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("events.out")).count();
+    let events = std::fs::read_dir(&dual)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("events.out")
+        })
+        .count();
     assert_eq!(events, 1, "only rank 0 may write the run directory");
 
     // With BatchNorm and no SyncBN, each rank normalises its half batch with its own statistics:
@@ -110,10 +169,16 @@ fn two_ranks_with_half_batches_reach_the_weights_of_one_process() {
     let (sync, stdout) = bn_run("bn1_sync", &[&two_sync[..], &["--momentum", "0"]].concat(), "48", "0.5");
     assert!(stdout.contains("SyncBatchNorm"), "{stdout}");
     let diff = max_diff(&single_bn, &sync);
-    assert!(diff <= 1e-5, "ResNet with SyncBN: one step of 2 x 24 vs 1 x 48 differs by {diff}");
+    assert!(
+        diff <= 1e-5,
+        "ResNet with SyncBN: one step of 2 x 24 vs 1 x 48 differs by {diff}"
+    );
     let nosync = bn_run("bn1_nosync", &[&two[..], &["--momentum", "0"]].concat(), "48", "0.5").0;
     let diff_nosync = max_diff(&single_bn, &nosync);
-    assert!(diff_nosync > 1e-3, "without SyncBN, per-rank BN statistics must change the step (diff {diff_nosync})");
+    assert!(
+        diff_nosync > 1e-3,
+        "without SyncBN, per-rank BN statistics must change the step (diff {diff_nosync})"
+    );
     // Three steps with momentum: SyncBN stays far closer to one process than plain per-rank BN.
     // (Not at 1e-5: over several steps this small-batch network amplifies rounding differences,
     // e.g. through ReLU inputs near zero; one process with 1 vs 2 threads drifts the same way
@@ -122,12 +187,20 @@ fn two_ranks_with_half_batches_reach_the_weights_of_one_process() {
     let sync = bn_run("bn3_sync", &two_sync, "16", "0.005").0;
     let nosync = bn_run("bn3_nosync", &two, "16", "0.005").0;
     let (d_sync, d_nosync) = (max_diff(&single_bn, &sync), max_diff(&single_bn, &nosync));
-    assert!(d_sync * 20.0 < d_nosync, "3 steps: SyncBN differs by {d_sync}, per-rank BN by {d_nosync}");
+    assert!(
+        d_sync * 20.0 < d_nosync,
+        "3 steps: SyncBN differs by {d_sync}, per-rank BN by {d_nosync}"
+    );
 
     // Half-precision all-reduce: close to, not equal to, the fp32 result.
     let fp16 = d.root.join("fp16");
     let mut args = train_args(&d, &fp16, "lenet5");
-    args.extend(["--nproc-per-node".into(), "2".into(), "--grad-compress".into(), "fp16".into()]);
+    args.extend([
+        "--nproc-per-node".into(),
+        "2".into(),
+        "--grad-compress".into(),
+        "fp16".into(),
+    ]);
     run(&args);
     let diff = max_diff(&weights(&single), &weights(&fp16));
     assert!(diff > 0.0 && diff < 5e-3, "fp16 gradient all-reduce: difference {diff}");
@@ -143,7 +216,14 @@ fn torchrun_launches_ringtrain_with_the_same_result_as_the_builtin_launcher() {
     let torchrun = Path::new(&common::python()).with_file_name("torchrun");
     let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
     let o = Command::new(&torchrun)
-        .args(["--nproc-per-node", "2", "--master-port", &port, "--no-python", env!("CARGO_BIN_EXE_ringtrain")])
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &port,
+            "--no-python",
+            env!("CARGO_BIN_EXE_ringtrain"),
+        ])
         .args(train_args(&d, &theirs, "lenet5"))
         .output()
         .expect("running torchrun from the project's Python environment");
@@ -154,12 +234,17 @@ fn torchrun_launches_ringtrain_with_the_same_result_as_the_builtin_launcher() {
 
 fn children_of(pid: u32) -> Vec<u32> {
     let out = Command::new("pgrep").args(["-P", &pid.to_string()]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|s| s.parse().ok()).collect()
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
 }
 
 fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
 }
 
 #[test]
@@ -169,7 +254,12 @@ fn a_worker_killed_mid_epoch_stops_the_job_naming_its_rank() {
     set(&mut args, "--epochs", "50");
     set(&mut args, "--batch-size", "4");
     args.extend(["--nproc-per-node".into(), "2".into()]);
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_ringtrain")).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Wait until both workers are training (the run directory appears after the rendezvous).
     let t0 = Instant::now();
     let workers = loop {
@@ -180,7 +270,11 @@ fn a_worker_killed_mid_epoch_stops_the_job_naming_its_rank() {
         if t0.elapsed() > Duration::from_secs(60) {
             let _ = launcher.kill();
             let o = launcher.wait_with_output().unwrap();
-            panic!("workers did not start ({w:?}):\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            panic!(
+                "workers did not start ({w:?}):\n{}\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -195,13 +289,19 @@ fn a_worker_killed_mid_epoch_stops_the_job_naming_its_rank() {
         if let Some(s) = launcher.try_wait().unwrap() {
             break s;
         }
-        assert!(t_kill.elapsed() < Duration::from_secs(60), "launcher still running 60 s after a worker died");
+        assert!(
+            t_kill.elapsed() < Duration::from_secs(60),
+            "launcher still running 60 s after a worker died"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let out = launcher.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!status.success());
-    assert!(stderr.contains("error: worker rank 1") && stderr.contains("SIGKILL"), "{stderr}");
+    assert!(
+        stderr.contains("error: worker rank 1") && stderr.contains("SIGKILL"),
+        "{stderr}"
+    );
     for w in workers {
         assert!(!alive(w), "worker {w} left behind");
     }
@@ -216,11 +316,19 @@ fn bad_rendezvous_fails_clearly_within_the_timeout() {
     let o = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
         .args(train_args(&d, &d.root.join("a"), "lenet5"))
         .args(["--dist-timeout", "5"])
-        .envs([("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())])
+        .envs([
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port.as_str()),
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && stderr.contains("rendezvous with the master at 127.0.0.1:") && stderr.contains(&port), "{stderr}");
+    assert!(
+        !o.status.success() && stderr.contains("rendezvous with the master at 127.0.0.1:") && stderr.contains(&port),
+        "{stderr}"
+    );
 
     // Nobody serves the store: a non-zero rank gives up after --dist-timeout.
     drop(taken);
@@ -229,11 +337,19 @@ fn bad_rendezvous_fails_clearly_within_the_timeout() {
     let o = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
         .args(train_args(&d, &d.root.join("b"), "lenet5"))
         .args(["--dist-timeout", "3"])
-        .envs([("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())])
+        .envs([
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port.as_str()),
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && stderr.contains("rendezvous with the master"), "{stderr}");
+    assert!(
+        !o.status.success() && stderr.contains("rendezvous with the master"),
+        "{stderr}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }

@@ -12,7 +12,9 @@ fn shapes(root: &Path) {
     for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
         std::fs::create_dir_all(root.join(name)).unwrap();
         for i in 0..10 {
-            ringtrain::data::demo::render(c, 36, 6, i).save(root.join(name).join(format!("{i}.png"))).unwrap();
+            ringtrain::data::demo::render(c, 36, 6, i)
+                .save(root.join(name).join(format!("{i}.png")))
+                .unwrap();
         }
     }
 }
@@ -30,13 +32,38 @@ fn torchvision_weights_fine_tuned_with_new_head_frozen_layers_and_head_lr() {
     shapes(&data);
     let out = d.path().join("run");
     let o = common::ringtrain(&[
-        "train", "--data", data.to_str().unwrap(), "--out", out.to_str().unwrap(), "--model", "resnet18", "--img-size", "64",
-        "--epochs", "1", "--batch-size", "8", "--device", "cpu", "--pretrained", pretrained.to_str().unwrap(),
-        "--freeze", "conv1,bn1,layer1", "--head-lr-mult", "10", "--lr", "0.01", "--log-every", "1",
+        "train",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--model",
+        "resnet18",
+        "--img-size",
+        "64",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+        "--pretrained",
+        pretrained.to_str().unwrap(),
+        "--freeze",
+        "conv1,bn1,layer1",
+        "--head-lr-mult",
+        "10",
+        "--lr",
+        "0.01",
+        "--log-every",
+        "1",
     ]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert!(stdout.contains(r#"re-initialised head ["fc.bias", "fc.weight"]"#), "{stdout}");
+    assert!(
+        stdout.contains(r#"re-initialised head ["fc.bias", "fc.weight"]"#),
+        "{stdout}"
+    );
 
     let (before, after) = (load(&pretrained), load(&out.join("last/model.safetensors")));
     for (name, t) in &after {
@@ -45,24 +72,49 @@ fn torchvision_weights_fine_tuned_with_new_head_frozen_layers_and_head_lr() {
             assert!(t.equal(&before[name]), "{name} is frozen but changed");
         }
     }
-    assert!(!after["layer2.0.conv1.weight"].equal(&before["layer2.0.conv1.weight"]), "layer2 should train");
-    assert!(!after["layer2.0.bn1.running_mean"].equal(&before["layer2.0.bn1.running_mean"]), "unfrozen BN keeps its statistics moving");
+    assert!(
+        !after["layer2.0.conv1.weight"].equal(&before["layer2.0.conv1.weight"]),
+        "layer2 should train"
+    );
+    assert!(
+        !after["layer2.0.bn1.running_mean"].equal(&before["layer2.0.bn1.running_mean"]),
+        "unfrozen BN keeps its statistics moving"
+    );
     assert_eq!(after["fc.weight"].size(), vec![3, 512]);
 
-    let tb: serde_json::Value = serde_json::from_str(&common::run_python(&["tensorboard_scalars", out.to_str().unwrap()])).unwrap();
-    let (lr, head) = (tb["scalars"]["train/lr"].as_array().unwrap(), tb["scalars"]["train/lr_head"].as_array().unwrap());
+    let tb: serde_json::Value =
+        serde_json::from_str(&common::run_python(&["tensorboard_scalars", out.to_str().unwrap()])).unwrap();
+    let (lr, head) = (
+        tb["scalars"]["train/lr"].as_array().unwrap(),
+        tb["scalars"]["train/lr_head"].as_array().unwrap(),
+    );
     assert_eq!(lr.len(), head.len());
     for (a, b) in lr.iter().zip(head) {
         let (a, b) = (a[1].as_f64().unwrap(), b[1].as_f64().unwrap());
-        assert!((b - 10.0 * a).abs() <= 1e-6 * b.abs().max(1e-12), "head lr {b} is not 10 x {a}");
+        assert!(
+            (b - 10.0 * a).abs() <= 1e-6 * b.abs().max(1e-12),
+            "head lr {b} is not 10 x {a}"
+        );
     }
 
     // The wrong architecture is refused with a clear message.
     let o = common::ringtrain(&[
-        "train", "--data", data.to_str().unwrap(), "--out", d.path().join("r50").to_str().unwrap(), "--model", "resnet50",
-        "--device", "cpu", "--pretrained", pretrained.to_str().unwrap(),
+        "train",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        d.path().join("r50").to_str().unwrap(),
+        "--model",
+        "resnet50",
+        "--device",
+        "cpu",
+        "--pretrained",
+        pretrained.to_str().unwrap(),
     ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--pretrained") && stderr.contains("different architecture"), "{stderr}");
+    assert!(
+        stderr.contains("--pretrained") && stderr.contains("different architecture"),
+        "{stderr}"
+    );
 }

@@ -8,7 +8,10 @@ use ringtrain::report::classification::ClassificationReport;
 
 #[test]
 fn classification_report_equals_sklearn_including_a_class_never_predicted() {
-    let classes: Vec<String> = ["ant", "bee", "cat", "dog", "eel"].iter().map(|s| s.to_string()).collect();
+    let classes: Vec<String> = ["ant", "bee", "cat", "dog", "eel"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     // Deterministic pseudo-random labels; class 4 ("eel") appears but is never predicted.
     let mut x = 12345u64;
     let mut next = || {
@@ -16,15 +19,27 @@ fn classification_report_equals_sklearn_including_a_class_never_predicted() {
         (x >> 33) as i64
     };
     let targets: Vec<i64> = (0..300).map(|_| next() % 5).collect();
-    let preds: Vec<i64> = targets.iter().map(|&t| if next() % 3 == 0 { next() % 4 } else { t.min(3) }).collect();
+    let preds: Vec<i64> = targets
+        .iter()
+        .map(|&t| if next() % 3 == 0 { next() % 4 } else { t.min(3) })
+        .collect();
     let ours = ClassificationReport::new(&classes, &targets, &preds).to_sklearn_json();
 
     let d = tempfile::tempdir().unwrap();
     let input = d.path().join("in.json");
-    std::fs::write(&input, serde_json::json!({"targets": targets, "preds": preds, "classes": classes}).to_string()).unwrap();
-    let theirs: serde_json::Value = serde_json::from_str(&common::run_python(&["sklearn_report", input.to_str().unwrap()])).unwrap();
+    std::fs::write(
+        &input,
+        serde_json::json!({"targets": targets, "preds": preds, "classes": classes}).to_string(),
+    )
+    .unwrap();
+    let theirs: serde_json::Value =
+        serde_json::from_str(&common::run_python(&["sklearn_report", input.to_str().unwrap()])).unwrap();
 
-    let keys: Vec<&str> = classes.iter().map(String::as_str).chain(["macro avg", "weighted avg"]).collect();
+    let keys: Vec<&str> = classes
+        .iter()
+        .map(String::as_str)
+        .chain(["macro avg", "weighted avg"])
+        .collect();
     for k in keys {
         for m in ["precision", "recall", "f1-score", "support"] {
             let (a, b) = (ours[k][m].as_f64().unwrap(), theirs[k][m].as_f64().unwrap());
@@ -32,14 +47,20 @@ fn classification_report_equals_sklearn_including_a_class_never_predicted() {
         }
     }
     assert!((ours["accuracy"].as_f64().unwrap() - theirs["accuracy"].as_f64().unwrap()).abs() < 5e-5);
-    assert_eq!(ours["eel"]["precision"].as_f64(), Some(0.0), "the never-predicted class must be there");
+    assert_eq!(
+        ours["eel"]["precision"].as_f64(),
+        Some(0.0),
+        "the never-predicted class must be there"
+    );
 }
 
 fn shapes(root: &Path, per_class: usize, offset: u64) {
     for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
         std::fs::create_dir_all(root.join(name)).unwrap();
         for i in 0..per_class {
-            ringtrain::data::demo::render(c, 36, 9, offset + i as u64).save(root.join(name).join(format!("{i}.png"))).unwrap();
+            ringtrain::data::demo::render(c, 36, 9, offset + i as u64)
+                .save(root.join(name).join(format!("{i}.png")))
+                .unwrap();
         }
     }
 }
@@ -51,30 +72,73 @@ fn tensorboard_reader_finds_the_runs_scalars_with_right_steps_and_values() {
     shapes(&train, 10, 0);
     shapes(&val, 4, 1000);
     let o = common::ringtrain(&[
-        "train", "--data", train.to_str().unwrap(), "--val", val.to_str().unwrap(), "--out", out.to_str().unwrap(),
-        "--model", "resnet10-tiny", "--img-size", "32", "--epochs", "3", "--batch-size", "8", "--log-every", "1",
-        "--device", "cpu",
+        "train",
+        "--data",
+        train.to_str().unwrap(),
+        "--val",
+        val.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--model",
+        "resnet10-tiny",
+        "--img-size",
+        "32",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "8",
+        "--log-every",
+        "1",
+        "--device",
+        "cpu",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let tb: serde_json::Value = serde_json::from_str(&common::run_python(&["tensorboard_scalars", out.to_str().unwrap()])).unwrap();
+    let tb: serde_json::Value =
+        serde_json::from_str(&common::run_python(&["tensorboard_scalars", out.to_str().unwrap()])).unwrap();
     let scalars = &tb["scalars"];
     // 30 images, batch 8: 4 steps per epoch (the last has 6), 3 epochs, logged every step.
-    let steps: Vec<i64> = scalars["train/loss"].as_array().unwrap().iter().map(|e| e[0].as_i64().unwrap()).collect();
+    let steps: Vec<i64> = scalars["train/loss"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[0].as_i64().unwrap())
+        .collect();
     assert_eq!(steps, (0..12).collect::<Vec<_>>());
     assert_eq!(scalars["train/lr"].as_array().unwrap().len(), 12);
     let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    let rows: Vec<Vec<f64>> = csv.lines().skip(1).map(|l| l.split(',').map(|x| x.parse().unwrap()).collect()).collect();
-    for (tag, col) in [("epoch/train_loss", 1), ("epoch/val_loss", 3), ("epoch/val_top1", 4), ("epoch/val_top5", 5)] {
-        let events = scalars[tag].as_array().unwrap_or_else(|| panic!("no {tag} in {scalars}"));
+    let rows: Vec<Vec<f64>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    for (tag, col) in [
+        ("epoch/train_loss", 1),
+        ("epoch/val_loss", 3),
+        ("epoch/val_top1", 4),
+        ("epoch/val_top5", 5),
+    ] {
+        let events = scalars[tag]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {tag} in {scalars}"));
         assert_eq!(events.len(), 3, "{tag}");
         for (e, row) in events.iter().zip(&rows) {
             assert_eq!(e[0].as_f64().unwrap(), row[0], "{tag} step is the epoch");
-            assert!((e[1].as_f64().unwrap() - row[col]).abs() < 1e-5, "{tag}: {e} vs {}", row[col]);
+            assert!(
+                (e[1].as_f64().unwrap() - row[col]).abs() < 1e-5,
+                "{tag}: {e} vs {}",
+                row[col]
+            );
         }
     }
     let config = tb["tensors"]["config"][0].as_str().unwrap();
     assert!(config.contains("model = \"resnet10-tiny\""), "{config}");
-    for f in ["curves.png", "confusion.png", "confusion.csv", "metrics.json", "report.txt"] {
+    for f in [
+        "curves.png",
+        "confusion.png",
+        "confusion.csv",
+        "metrics.json",
+        "report.txt",
+    ] {
         assert!(out.join(f).is_file(), "missing {f}");
     }
 }
@@ -98,17 +162,46 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     }
     let run = d.path().join("run");
     let o = common::ringtrain(&[
-        "train", "--data", train.to_str().unwrap(), "--val-split", "0.2", "--out", run.to_str().unwrap(), "--model", "resnet18",
-        "--img-size", "64", "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--quiet",
+        "train",
+        "--data",
+        train.to_str().unwrap(),
+        "--val-split",
+        "0.2",
+        "--out",
+        run.to_str().unwrap(),
+        "--model",
+        "resnet18",
+        "--img-size",
+        "64",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--device",
+        "cpu",
+        "--quiet",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(o.stdout.is_empty(), "--quiet printed: {}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        o.stdout.is_empty(),
+        "--quiet printed: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     let ckpt = run.join("best");
 
     let eval_out = d.path().join("eval");
-    let o = common::ringtrain(&["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", test.to_str().unwrap(), "--out", eval_out.to_str().unwrap()]);
+    let o = common::ringtrain(&[
+        "eval",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--data",
+        test.to_str().unwrap(),
+        "--out",
+        eval_out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let metrics: serde_json::Value = serde_json::from_slice(&std::fs::read(eval_out.join("metrics.json")).unwrap()).unwrap();
+    let metrics: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(eval_out.join("metrics.json")).unwrap()).unwrap();
     assert_eq!(metrics["images"], 723);
     let eval_top1 = metrics["top1"].as_f64().unwrap();
     let confusion: Vec<Vec<u64>> = serde_json::from_value(metrics["confusion_matrix"].clone()).unwrap();
@@ -120,11 +213,32 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     let torchrun = std::path::Path::new(&common::python()).with_file_name("torchrun");
     let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
     let o = std::process::Command::new(&torchrun)
-        .args(["--nproc-per-node", "2", "--master-port", &port, "--no-python", env!("CARGO_BIN_EXE_ringtrain")])
-        .args(["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", test.to_str().unwrap(), "--out", sharded.to_str().unwrap(), "--device", "cpu"])
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &port,
+            "--no-python",
+            env!("CARGO_BIN_EXE_ringtrain"),
+        ])
+        .args([
+            "eval",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--data",
+            test.to_str().unwrap(),
+            "--out",
+            sharded.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ])
         .output()
         .unwrap();
-    assert!(o.status.success(), "torchrun eval: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "torchrun eval: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let m2: serde_json::Value = serde_json::from_slice(&std::fs::read(sharded.join("metrics.json")).unwrap()).unwrap();
     assert_eq!(m2["images"], 723);
     assert_eq!(m2["confusion_matrix"], metrics["confusion_matrix"]);
@@ -132,7 +246,14 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     assert!((m2["loss"].as_f64().unwrap() - metrics["loss"].as_f64().unwrap()).abs() < 1e-5);
 
     let csv_path = d.path().join("pred.csv");
-    let o = common::ringtrain(&["predict", "--checkpoint", ckpt.to_str().unwrap(), "--out", csv_path.to_str().unwrap(), test.to_str().unwrap()]);
+    let o = common::ringtrain(&[
+        "predict",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--out",
+        csv_path.to_str().unwrap(),
+        test.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stdout = String::from_utf8_lossy(&o.stdout);
     let mut rdr = csv::Reader::from_path(&csv_path).unwrap();
@@ -143,8 +264,14 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     assert_eq!(rows.len(), 723);
     let correct = rows.iter().filter(|r| &r[4] == "true").count();
     let predict_top1 = correct as f64 / 723.0;
-    assert!((predict_top1 - eval_top1).abs() < 1e-9, "predict {predict_top1} vs eval {eval_top1}");
-    assert!(stdout.contains(&format!("accuracy {:.2}%", 100.0 * eval_top1)), "{stdout}");
+    assert!(
+        (predict_top1 - eval_top1).abs() < 1e-9,
+        "predict {predict_top1} vs eval {eval_top1}"
+    );
+    assert!(
+        stdout.contains(&format!("accuracy {:.2}%", 100.0 * eval_top1)),
+        "{stdout}"
+    );
     for r in &rows {
         let p: f64 = r[2].parse().unwrap();
         assert!((0.0..=1.0).contains(&p));
@@ -157,11 +284,25 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     std::fs::write(flat.join("broken.png"), b"\x89PNG truncated").unwrap();
     let good = rows[0][0].to_string();
     std::os::unix::fs::symlink(&good, flat.join("good.png")).unwrap();
-    let o = common::ringtrain(&["predict", "--checkpoint", ckpt.to_str().unwrap(), "--out", csv_path.to_str().unwrap(), flat.to_str().unwrap()]);
+    let o = common::ringtrain(&[
+        "predict",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--out",
+        csv_path.to_str().unwrap(),
+        flat.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("skipped unreadable image") && stderr.contains("broken.png"), "{stderr}");
-    let rows: Vec<_> = csv::Reader::from_path(&csv_path).unwrap().records().map(|r| r.unwrap()).collect();
+    assert!(
+        stderr.contains("skipped unreadable image") && stderr.contains("broken.png"),
+        "{stderr}"
+    );
+    let rows: Vec<_> = csv::Reader::from_path(&csv_path)
+        .unwrap()
+        .records()
+        .map(|r| r.unwrap())
+        .collect();
     assert_eq!(rows.len(), 1);
     assert!(rows[0][0].ends_with("good.png"));
 }

@@ -8,7 +8,14 @@ use ringtrain::data::folder::ImageFolder;
 use ringtrain::model::Model;
 use tch::{Device, Tensor};
 
-const MODELS: &[&str] = &["resnet18", "resnet34", "resnet50", "resnet101", "alexnet", "resnet18-cifar"];
+const MODELS: &[&str] = &[
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "alexnet",
+    "resnet18-cifar",
+];
 
 #[test]
 fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
@@ -19,9 +26,13 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
     for name in MODELS {
         let mut model = Model::new(name, 7, Device::Cpu).unwrap();
         // load_safetensors refuses missing or unexpected names: this checks the naming too.
-        model.load_safetensors(&dir.path().join(format!("{name}.safetensors"))).unwrap();
-        let io: HashMap<String, Tensor> =
-            Tensor::read_safetensors(dir.path().join(format!("{name}.io.safetensors"))).unwrap().into_iter().collect();
+        model
+            .load_safetensors(&dir.path().join(format!("{name}.safetensors")))
+            .unwrap();
+        let io: HashMap<String, Tensor> = Tensor::read_safetensors(dir.path().join(format!("{name}.io.safetensors")))
+            .unwrap()
+            .into_iter()
+            .collect();
         let got = tch::no_grad(|| model.forward(&io["x"], false));
         let want = &io["eval_logits"];
         let diff = (&got - want).abs().max().double_value(&[]);
@@ -29,7 +40,10 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
         if let Some(want) = io.get("train_logits") {
             let got = tch::no_grad(|| model.forward(&io["x"], true));
             let diff = (&got - want).abs().max().double_value(&[]);
-            assert!(diff < 1e-3, "{name}: train-mode logits differ from torchvision by {diff}");
+            assert!(
+                diff < 1e-3,
+                "{name}: train-mode logits differ from torchvision by {diff}"
+            );
         }
     }
 }
@@ -37,7 +51,8 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
 #[test]
 fn class_index_and_samples_match_torchvision_imagefolder() {
     let root = common::shared_data("plant-seedlings/train");
-    let reference: serde_json::Value = serde_json::from_str(&common::run_python(&["imagefolder", root.to_str().unwrap()])).unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_str(&common::run_python(&["imagefolder", root.to_str().unwrap()])).unwrap();
     let ours = ImageFolder::scan(&root, "--data").unwrap();
     let classes: Vec<String> = serde_json::from_value(reference["classes"].clone()).unwrap();
     assert_eq!(ours.classes, classes);
@@ -63,11 +78,18 @@ fn pixel_stats_equal_numpy_over_the_same_files() {
             std::os::unix::fs::symlink(&f, dst.join(f.file_name().unwrap())).unwrap();
         }
     }
-    let reference: serde_json::Value = serde_json::from_str(&common::run_python(&["pixel_stats", d.path().to_str().unwrap()])).unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_str(&common::run_python(&["pixel_stats", d.path().to_str().unwrap()])).unwrap();
     let ours = ringtrain::data::stats::pixel_stats(&ImageFolder::scan(d.path(), "--data").unwrap()).unwrap();
     assert_eq!(ours.pixels, reference["pixels"].as_u64().unwrap());
     for c in 0..3 {
-        assert!((ours.mean[c] - reference["mean"][c].as_f64().unwrap()).abs() < 1e-9, "mean[{c}]");
-        assert!((ours.std[c] - reference["std"][c].as_f64().unwrap()).abs() < 1e-9, "std[{c}]");
+        assert!(
+            (ours.mean[c] - reference["mean"][c].as_f64().unwrap()).abs() < 1e-9,
+            "mean[{c}]"
+        );
+        assert!(
+            (ours.std[c] - reference["std"][c].as_f64().unwrap()).abs() < 1e-9,
+            "std[{c}]"
+        );
     }
 }

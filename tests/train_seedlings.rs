@@ -11,7 +11,10 @@ const CLASSES: &[&str] = &["Charlock", "Common_Chickweed", "Loose_Silky-bent", "
 fn subset(src: &Path, dst: &Path, n: usize) {
     for c in CLASSES {
         std::fs::create_dir_all(dst.join(c)).unwrap();
-        let mut files: Vec<_> = std::fs::read_dir(src.join(c)).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut files: Vec<_> = std::fs::read_dir(src.join(c))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
         files.sort();
         for f in files.into_iter().take(n) {
             std::os::unix::fs::symlink(&f, dst.join(c).join(f.file_name().unwrap())).unwrap();
@@ -26,35 +29,79 @@ fn two_epochs_on_plant_seedlings_learn_and_pytorch_agrees() {
     subset(&common::shared_data("plant-seedlings/train"), &train, 150);
     subset(&common::shared_data("plant-seedlings/test"), &val, 30);
     let o = common::ringtrain(&[
-        "train", "--data", train.to_str().unwrap(), "--val", val.to_str().unwrap(), "--out", out.to_str().unwrap(),
-        "--model", "resnet18", "--img-size", "64", "--epochs", "2", "--batch-size", "32", "--optimizer", "adamw",
-        "--lr", "0.002", "--weight-decay", "0.01", "--crop-scale", "0.35,1", "--device", "cpu",
+        "train",
+        "--data",
+        train.to_str().unwrap(),
+        "--val",
+        val.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--model",
+        "resnet18",
+        "--img-size",
+        "64",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "32",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.002",
+        "--weight-decay",
+        "0.01",
+        "--crop-scale",
+        "0.35,1",
+        "--device",
+        "cpu",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
-    for f in ["config.toml", "metrics.csv", "report.txt", "best/model.safetensors", "best/state.json", "last/model.safetensors", "last/state.json"] {
+    for f in [
+        "config.toml",
+        "metrics.csv",
+        "report.txt",
+        "best/model.safetensors",
+        "best/state.json",
+        "last/model.safetensors",
+        "last/state.json",
+    ] {
         assert!(out.join(f).is_file(), "missing {f}");
     }
     let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    let rows: Vec<Vec<f64>> = csv.lines().skip(1).map(|l| l.split(',').map(|x| x.parse().unwrap()).collect()).collect();
+    let rows: Vec<Vec<f64>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|x| x.parse().unwrap()).collect())
+        .collect();
     assert_eq!(rows.len(), 2);
     let (loss1, loss2) = (rows[0][1], rows[1][1]);
     assert!(loss2 < loss1, "training loss did not fall: {loss1} -> {loss2}");
     let best = rows.iter().map(|r| r[4]).fold(0.0, f64::max);
     assert!(best >= 0.6, "best val top-1 {best} is not far above chance (0.25)");
 
-    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("best/state.json")).unwrap()).unwrap();
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("best/state.json")).unwrap()).unwrap();
     assert_eq!(state["classes"], serde_json::json!(CLASSES));
     assert_eq!(state["model"], "resnet18");
     let ours = state["val_top1"].as_f64().unwrap();
     assert!((ours - best).abs() < 1e-6, "state.json says {ours}, metrics.csv {best}");
 
     let torch_top1: f64 = common::run_python(&[
-        "evaluate", "resnet18", "4", out.join("best/model.safetensors").to_str().unwrap(), val.to_str().unwrap(), "64", "73",
+        "evaluate",
+        "resnet18",
+        "4",
+        out.join("best/model.safetensors").to_str().unwrap(),
+        val.to_str().unwrap(),
+        "64",
+        "73",
     ])
     .trim()
     .parse()
     .unwrap();
     // Same weights, same transforms up to the resampling implementation: within 5 points.
-    assert!((torch_top1 - ours).abs() <= 0.05, "PyTorch measures {torch_top1}, ringtrain {ours}");
+    assert!(
+        (torch_top1 - ours).abs() <= 0.05,
+        "PyTorch measures {torch_top1}, ringtrain {ours}"
+    );
 }

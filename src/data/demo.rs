@@ -12,7 +12,9 @@ use rayon::prelude::*;
 
 use super::loader::sample_rng;
 
-pub const CLASSES: &[&str] = &["circle", "cross", "hexagon", "ring", "square", "star", "triangle", "crescent"];
+pub const CLASSES: &[&str] = &[
+    "circle", "cross", "hexagon", "ring", "square", "star", "triangle", "crescent",
+];
 
 /// Is the point (x, y) (shape-local coordinates, shape radius ≈ 1) inside `class`'s shape?
 fn inside(class: usize, x: f64, y: f64) -> bool {
@@ -43,7 +45,11 @@ fn inside(class: usize, x: f64, y: f64) -> bool {
 }
 
 fn random_colour(rng: &mut impl Rng) -> [f64; 3] {
-    [rng.gen_range(0.0..255.0), rng.gen_range(0.0..255.0), rng.gen_range(0.0..255.0)]
+    [
+        rng.gen_range(0.0..255.0),
+        rng.gen_range(0.0..255.0),
+        rng.gen_range(0.0..255.0),
+    ]
 }
 
 fn distance(a: [f64; 3], b: [f64; 3]) -> f64 {
@@ -67,10 +73,23 @@ pub fn render(class: usize, size: u32, seed: u64, index: u64) -> RgbImage {
     let (gs, gc) = grad_angle.sin_cos();
     // Clutter: thin random lines and small dots, in random colours.
     let lines: Vec<_> = (0..rng.gen_range(1..4))
-        .map(|_| (rng.gen_range(0.0..PI), rng.gen_range(-0.5..0.5) * s, random_colour(&mut rng)))
+        .map(|_| {
+            (
+                rng.gen_range(0.0..PI),
+                rng.gen_range(-0.5..0.5) * s,
+                random_colour(&mut rng),
+            )
+        })
         .collect();
     let dots: Vec<_> = (0..rng.gen_range(2..7))
-        .map(|_| (rng.gen_range(0.0..s), rng.gen_range(0.0..s), rng.gen_range(0.8..2.0), random_colour(&mut rng)))
+        .map(|_| {
+            (
+                rng.gen_range(0.0..s),
+                rng.gen_range(0.0..s),
+                rng.gen_range(0.8..2.0),
+                random_colour(&mut rng),
+            )
+        })
         .collect();
     let mut img = RgbImage::new(size, size);
     const SS: u32 = 3; // supersampling for anti-aliased edges
@@ -117,17 +136,22 @@ pub fn generate(dir: &Path, per_class_train: usize, per_class_val: usize, size: 
         .iter()
         .enumerate()
         .flat_map(|(c, _)| {
-            (0..per_class_train).map(move |i| ("train", c, i)).chain((0..per_class_val).map(move |i| ("val", c, per_class_train + i)))
+            (0..per_class_train)
+                .map(move |i| ("train", c, i))
+                .chain((0..per_class_val).map(move |i| ("val", c, per_class_train + i)))
         })
         .collect();
     for split in ["train", "val"] {
         for class in CLASSES {
-            std::fs::create_dir_all(dir.join(split).join(class)).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::create_dir_all(dir.join(split).join(class))
+                .with_context(|| format!("creating {}", dir.display()))?;
         }
     }
     jobs.par_iter().try_for_each(|&(split, c, i)| -> Result<()> {
         let path = dir.join(split).join(CLASSES[c]).join(format!("{i:04}.png"));
-        render(c, size, seed, i as u64).save(&path).with_context(|| format!("writing {}", path.display()))
+        render(c, size, seed, i as u64)
+            .save(&path)
+            .with_context(|| format!("writing {}", path.display()))
     })
 }
 
@@ -148,7 +172,13 @@ mod tests {
         for c in 0..CLASSES.len() {
             let n = 200;
             let covered = (0..n * n)
-                .filter(|i| inside(c, (i % n) as f64 / n as f64 * 2.0 - 1.0, (i / n) as f64 / n as f64 * 2.0 - 1.0))
+                .filter(|i| {
+                    inside(
+                        c,
+                        (i % n) as f64 / n as f64 * 2.0 - 1.0,
+                        (i / n) as f64 / n as f64 * 2.0 - 1.0,
+                    )
+                })
                 .count() as f64
                 / (n * n) as f64;
             assert!((0.15..0.8).contains(&covered), "{} covers {covered}", CLASSES[c]);

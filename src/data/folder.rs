@@ -80,7 +80,11 @@ impl ImageFolder {
             }
             samples.extend(files.into_iter().map(|p| (p, idx)));
         }
-        Ok(ImageFolder { root: root.to_path_buf(), classes, samples })
+        Ok(ImageFolder {
+            root: root.to_path_buf(),
+            classes,
+            samples,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -126,7 +130,11 @@ mod tests {
         touch(&d.path().join("C/y.webp"));
         let f = ImageFolder::scan(d.path(), "--data").unwrap();
         assert_eq!(f.classes, vec!["C", "a", "b"]);
-        let rel: Vec<_> = f.samples.iter().map(|(p, c)| (p.strip_prefix(d.path()).unwrap().to_owned(), *c)).collect();
+        let rel: Vec<_> = f
+            .samples
+            .iter()
+            .map(|(p, c)| (p.strip_prefix(d.path()).unwrap().to_owned(), *c))
+            .collect();
         assert_eq!(
             rel,
             vec![

@@ -109,7 +109,11 @@ impl Loader {
         match self.shard {
             None => n,
             Some(Shard { world, pad: true, .. }) => n.div_ceil(world),
-            Some(Shard { rank, world, pad: false }) => (n + world - 1 - rank) / world,
+            Some(Shard {
+                rank,
+                world,
+                pad: false,
+            }) => (n + world - 1 - rank) / world,
         }
     }
 
@@ -147,7 +151,12 @@ impl Loader {
         let order = self.order(epoch);
         let (tx, rx) = sync_channel::<Result<Batch>>(self.prefetch);
         let (samples, transform, pool) = (self.samples.clone(), self.transform.clone(), self.pool.clone());
-        let (bs, seed, n_batches, skip) = (self.batch_size, self.seed, self.batches_per_epoch(), self.skip_unreadable);
+        let (bs, seed, n_batches, skip) = (
+            self.batch_size,
+            self.seed,
+            self.batches_per_epoch(),
+            self.skip_unreadable,
+        );
         let handle = std::thread::Builder::new()
             .name("ringtrain-loader".into())
             .spawn(move || {
@@ -179,7 +188,8 @@ fn make_batch(
         let (path, _) = &samples[i];
         let img = decode_rgb(path)?;
         let mut out = vec![0u8; per];
-        transform.apply(&img, &mut sample_rng(seed, epoch, i as u64), &mut out)
+        transform
+            .apply(&img, &mut sample_rng(seed, epoch, i as u64), &mut out)
             .with_context(|| format!("transforming {}", path.display()))?;
         Ok(out)
     };
@@ -229,9 +239,11 @@ mod tests {
         for c in 0..3usize {
             for i in 0..n_per_class {
                 let p = d.path().join(format!("{c}_{i}.png"));
-                image::RgbImage::from_fn(20 + i as u32, 16, |x, y| image::Rgb([(x * 10) as u8, (y * 10) as u8, c as u8 * 80]))
-                    .save(&p)
-                    .unwrap();
+                image::RgbImage::from_fn(20 + i as u32, 16, |x, y| {
+                    image::Rgb([(x * 10) as u8, (y * 10) as u8, c as u8 * 80])
+                })
+                .save(&p)
+                .unwrap();
                 samples.push((p, c));
             }
         }
@@ -242,7 +254,10 @@ mod tests {
         l.epoch(epoch)
             .map(|b| {
                 let b = b.unwrap();
-                (Vec::<u8>::try_from(b.images.flatten(0, -1)).unwrap(), Vec::<i64>::try_from(&b.labels).unwrap())
+                (
+                    Vec::<u8>::try_from(b.images.flatten(0, -1)).unwrap(),
+                    Vec::<i64>::try_from(&b.labels).unwrap(),
+                )
             })
             .collect()
     }
@@ -250,8 +265,22 @@ mod tests {
     #[test]
     fn batches_do_not_depend_on_worker_count() {
         let (_d, samples) = folder(5);
-        let t = Transform::Train { size: 8, scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0), hflip: true };
-        let opts = |workers| LoaderOptions { batch_size: 4, shuffle: true, drop_last: false, seed: 7, workers, prefetch: 2, skip_unreadable: false, shard: None };
+        let t = Transform::Train {
+            size: 8,
+            scale: (0.08, 1.0),
+            ratio: (0.75, 4.0 / 3.0),
+            hflip: true,
+        };
+        let opts = |workers| LoaderOptions {
+            batch_size: 4,
+            shuffle: true,
+            drop_last: false,
+            seed: 7,
+            workers,
+            prefetch: 2,
+            skip_unreadable: false,
+            shard: None,
+        };
         let a = Loader::new(samples.clone(), t.clone(), opts(1)).unwrap();
         let b = Loader::new(samples, t, opts(3)).unwrap();
         let (ea, eb) = (collect(&a, 0), collect(&b, 0));
@@ -268,7 +297,16 @@ mod tests {
         let l = Loader::new(
             samples,
             t,
-            LoaderOptions { batch_size: 4, shuffle: false, drop_last: true, seed: 0, workers: 2, prefetch: 1, skip_unreadable: false, shard: None },
+            LoaderOptions {
+                batch_size: 4,
+                shuffle: false,
+                drop_last: true,
+                seed: 0,
+                workers: 2,
+                prefetch: 1,
+                skip_unreadable: false,
+                shard: None,
+            },
         )
         .unwrap();
         let e = collect(&l, 0);
@@ -283,7 +321,16 @@ mod tests {
         let bad = d.path().join("bad.png");
         std::fs::write(&bad, b"truncated").unwrap();
         samples.insert(1, (bad.clone(), 0));
-        let opts = |skip| LoaderOptions { batch_size: 10, shuffle: false, drop_last: false, seed: 0, workers: 2, prefetch: 1, skip_unreadable: skip, shard: None };
+        let opts = |skip| LoaderOptions {
+            batch_size: 10,
+            shuffle: false,
+            drop_last: false,
+            seed: 0,
+            workers: 2,
+            prefetch: 1,
+            skip_unreadable: skip,
+            shard: None,
+        };
         let t = Transform::Eval { size: 8, resize: 8 };
         let l = Loader::new(samples.clone(), t.clone(), opts(true)).unwrap();
         let b = l.epoch(0).next().unwrap().unwrap();
@@ -301,19 +348,71 @@ mod tests {
         let samples: Vec<(PathBuf, usize)> = (0..10).map(|i| (PathBuf::from(format!("{i}")), 0)).collect();
         let t = Transform::Eval { size: 8, resize: 8 };
         let make = |shard| {
-            Loader::new(samples.clone(), t.clone(), LoaderOptions { batch_size: 2, shuffle: true, drop_last: false, seed: 3, workers: 1, prefetch: 1, skip_unreadable: false, shard }).unwrap()
+            Loader::new(
+                samples.clone(),
+                t.clone(),
+                LoaderOptions {
+                    batch_size: 2,
+                    shuffle: true,
+                    drop_last: false,
+                    seed: 3,
+                    workers: 1,
+                    prefetch: 1,
+                    skip_unreadable: false,
+                    shard,
+                },
+            )
+            .unwrap()
         };
         let full = make(None).order(5);
-        let shards: Vec<Vec<usize>> = (0..3).map(|r| make(Some(Shard { rank: r, world: 3, pad: true })).order(5)).collect();
+        let shards: Vec<Vec<usize>> = (0..3)
+            .map(|r| {
+                make(Some(Shard {
+                    rank: r,
+                    world: 3,
+                    pad: true,
+                }))
+                .order(5)
+            })
+            .collect();
         // Padded to 12: equal shards of 4, interleaved from the one permutation, the first two repeated.
         assert!(shards.iter().all(|s| s.len() == 4));
         assert_eq!(shards[0], vec![full[0], full[3], full[6], full[9]]);
         assert_eq!(shards[1], vec![full[1], full[4], full[7], full[0]]);
-        let unpadded: Vec<Vec<usize>> = (0..3).map(|r| make(Some(Shard { rank: r, world: 3, pad: false })).order(5)).collect();
+        let unpadded: Vec<Vec<usize>> = (0..3)
+            .map(|r| {
+                make(Some(Shard {
+                    rank: r,
+                    world: 3,
+                    pad: false,
+                }))
+                .order(5)
+            })
+            .collect();
         let mut all: Vec<usize> = unpadded.concat();
         all.sort();
-        assert_eq!(all, (0..10).collect::<Vec<_>>(), "validation shards count every sample exactly once");
-        assert_eq!(make(Some(Shard { rank: 2, world: 3, pad: false })).shard_len(), 3);
-        assert_eq!(make(Some(Shard { rank: 0, world: 3, pad: false })).shard_len(), 4);
+        assert_eq!(
+            all,
+            (0..10).collect::<Vec<_>>(),
+            "validation shards count every sample exactly once"
+        );
+        assert_eq!(
+            make(Some(Shard {
+                rank: 2,
+                world: 3,
+                pad: false
+            }))
+            .shard_len(),
+            3
+        );
+        assert_eq!(
+            make(Some(Shard {
+                rank: 0,
+                world: 3,
+                pad: false
+            }))
+            .shard_len(),
+            4
+        );
     }
 }

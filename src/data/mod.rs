@@ -24,8 +24,17 @@ pub struct Normalizer {
 
 impl Normalizer {
     pub fn new(mean: [f64; 3], std: [f64; 3], device: Device) -> Self {
-        let on_device = |v: [f64; 3]| Tensor::from_slice(&v).to_kind(Kind::Float).to_device(device).view([1, 3, 1, 1]);
-        Normalizer { device, mean: on_device(mean), std: on_device(std) }
+        let on_device = |v: [f64; 3]| {
+            Tensor::from_slice(&v)
+                .to_kind(Kind::Float)
+                .to_device(device)
+                .view([1, 3, 1, 1])
+        };
+        Normalizer {
+            device,
+            mean: on_device(mean),
+            std: on_device(std),
+        }
     }
 
     pub fn apply(&self, images: &Tensor) -> Tensor {

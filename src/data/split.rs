@@ -22,11 +22,20 @@ pub struct SplitCounts {
 pub fn plan(folder: &ImageFolder, val_ratio: f64, seed: u64) -> Vec<(PathBuf, usize, bool)> {
     let mut out = Vec::new();
     for c in 0..folder.classes.len() {
-        let mut files: Vec<PathBuf> = folder.samples.iter().filter(|s| s.1 == c).map(|s| s.0.clone()).collect();
+        let mut files: Vec<PathBuf> = folder
+            .samples
+            .iter()
+            .filter(|s| s.1 == c)
+            .map(|s| s.0.clone())
+            .collect();
         files.sort();
         files.shuffle(&mut sample_rng(seed, 0x5917, c as u64));
         let n = files.len();
-        let n_val = if n >= 2 { ((n as f64 * val_ratio).round() as usize).clamp(1, n - 1) } else { 0 };
+        let n_val = if n >= 2 {
+            ((n as f64 * val_ratio).round() as usize).clamp(1, n - 1)
+        } else {
+            0
+        };
         out.extend(files.into_iter().enumerate().map(|(i, p)| (p, c, i < n_val)));
     }
     out
@@ -36,7 +45,11 @@ pub fn plan(folder: &ImageFolder, val_ratio: f64, seed: u64) -> Vec<(PathBuf, us
 pub fn stratified(folder: &ImageFolder, val_ratio: f64, seed: u64) -> (Vec<(PathBuf, usize)>, Vec<(PathBuf, usize)>) {
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (path, c, is_val) in plan(folder, val_ratio, seed) {
-        if is_val { val.push((path, c)) } else { train.push((path, c)) }
+        if is_val {
+            val.push((path, c))
+        } else {
+            train.push((path, c))
+        }
     }
     (train, val)
 }
@@ -46,21 +59,35 @@ pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool)
         bail_user!("--val-ratio must be in (0, 1), got {val_ratio}");
     }
     if dst.exists() {
-        bail_user!("--dst {} already exists; split writes a new directory and never overwrites", dst.display());
+        bail_user!(
+            "--dst {} already exists; split writes a new directory and never overwrites",
+            dst.display()
+        );
     }
     let folder = ImageFolder::scan(src, "--src")?;
-    let tmp = dst.with_file_name(format!(".{}.partial", dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
+    let tmp = dst.with_file_name(format!(
+        ".{}.partial",
+        dst.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)?;
     }
-    let mut counts = SplitCounts { per_class: folder.classes.iter().map(|c| (c.clone(), 0, 0)).collect() };
+    let mut counts = SplitCounts {
+        per_class: folder.classes.iter().map(|c| (c.clone(), 0, 0)).collect(),
+    };
     let result = (|| -> Result<()> {
         for (path, c, is_val) in plan(&folder, val_ratio, seed) {
             let rel = path.strip_prefix(folder.root.join(&folder.classes[c])).unwrap_or(&path);
-            let target = tmp.join(if is_val { "val" } else { "train" }).join(&folder.classes[c]).join(rel);
+            let target = tmp
+                .join(if is_val { "val" } else { "train" })
+                .join(&folder.classes[c])
+                .join(rel);
             std::fs::create_dir_all(target.parent().expect("has a parent"))?;
             if hard_link {
-                std::fs::hard_link(&path, &target).with_context(|| format!("linking {} (use copies across file systems)", path.display()))?;
+                std::fs::hard_link(&path, &target)
+                    .with_context(|| format!("linking {} (use copies across file systems)", path.display()))?;
             } else {
                 std::fs::copy(&path, &target).with_context(|| format!("copying {}", path.display()))?;
             }
@@ -91,7 +118,9 @@ mod tests {
         for (c, n) in [("a", 10), ("b", 3)] {
             std::fs::create_dir_all(src.join(c)).unwrap();
             for i in 0..n {
-                image::RgbImage::new(2, 2).save(src.join(c).join(format!("{i}.png"))).unwrap();
+                image::RgbImage::new(2, 2)
+                    .save(src.join(c).join(format!("{i}.png")))
+                    .unwrap();
             }
         }
         let counts = split(&src, &d.path().join("one"), 0.3, 7, false).unwrap();
@@ -99,13 +128,22 @@ mod tests {
         split(&src, &d.path().join("two"), 0.3, 7, true).unwrap();
         let list = |root: &Path| {
             let f = ImageFolder::scan(&root.join("val"), "--val").unwrap();
-            f.samples.iter().map(|s| s.0.strip_prefix(root).unwrap().to_owned()).collect::<Vec<_>>()
+            f.samples
+                .iter()
+                .map(|s| s.0.strip_prefix(root).unwrap().to_owned())
+                .collect::<Vec<_>>()
         };
         assert_eq!(list(&d.path().join("one")), list(&d.path().join("two")));
         // `train --val-split` holds out exactly the files `split` puts in val/.
         let (_, held_out) = stratified(&ImageFolder::scan(&src, "--src").unwrap(), 0.3, 7);
-        let mut held: Vec<PathBuf> = held_out.iter().map(|(p, _)| p.strip_prefix(&src).unwrap().to_owned()).collect();
-        let mut listed: Vec<PathBuf> = list(&d.path().join("one")).iter().map(|p| p.strip_prefix("val").unwrap().to_owned()).collect();
+        let mut held: Vec<PathBuf> = held_out
+            .iter()
+            .map(|(p, _)| p.strip_prefix(&src).unwrap().to_owned())
+            .collect();
+        let mut listed: Vec<PathBuf> = list(&d.path().join("one"))
+            .iter()
+            .map(|p| p.strip_prefix("val").unwrap().to_owned())
+            .collect();
         held.sort();
         listed.sort();
         assert_eq!(held, listed);

@@ -41,7 +41,10 @@ pub fn pixel_stats(folder: &ImageFolder) -> Result<PixelStats> {
         .par_iter()
         .map(|(path, _)| {
             let img = decode_rgb(path).map_err(|e| (path.clone(), e.root_cause().to_string()))?;
-            let mut s = Sums { n: (img.width() * img.height()) as u64, ..Default::default() };
+            let mut s = Sums {
+                n: (img.width() * img.height()) as u64,
+                ..Default::default()
+            };
             for px in img.pixels() {
                 for c in 0..3 {
                     let v = px.0[c] as u64;
@@ -86,8 +89,12 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(d.path().join("c")).unwrap();
         // 1 pixel of 0 and 3 pixels of 255: mean 0.75, std sqrt(0.75 * 0.25).
-        image::RgbImage::from_pixel(1, 1, image::Rgb([0, 0, 0])).save(d.path().join("c/a.png")).unwrap();
-        image::RgbImage::from_pixel(3, 1, image::Rgb([255, 255, 255])).save(d.path().join("c/b.png")).unwrap();
+        image::RgbImage::from_pixel(1, 1, image::Rgb([0, 0, 0]))
+            .save(d.path().join("c/a.png"))
+            .unwrap();
+        image::RgbImage::from_pixel(3, 1, image::Rgb([255, 255, 255]))
+            .save(d.path().join("c/b.png"))
+            .unwrap();
         let s = pixel_stats(&ImageFolder::scan(d.path(), "--data").unwrap()).unwrap();
         assert_eq!((s.images, s.pixels), (2, 4));
         assert!((s.mean[0] - 0.75).abs() < 1e-12);

@@ -10,8 +10,16 @@ use rand::Rng;
 
 #[derive(Debug, Clone)]
 pub enum Transform {
-    Train { size: u32, scale: (f64, f64), ratio: (f64, f64), hflip: bool },
-    Eval { size: u32, resize: u32 },
+    Train {
+        size: u32,
+        scale: (f64, f64),
+        ratio: (f64, f64),
+        hflip: bool,
+    },
+    Eval {
+        size: u32,
+        resize: u32,
+    },
 }
 
 /// A source box in pixel coordinates of the decoded image (may be fractional).
@@ -25,13 +33,7 @@ pub struct CropBox {
 
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area and aspect ratio,
 /// then a centre crop with the ratio clamped into range.
-pub fn random_resized_crop_box(
-    w: u32,
-    h: u32,
-    scale: (f64, f64),
-    ratio: (f64, f64),
-    rng: &mut impl Rng,
-) -> CropBox {
+pub fn random_resized_crop_box(w: u32, h: u32, scale: (f64, f64), ratio: (f64, f64), rng: &mut impl Rng) -> CropBox {
     let (wf, hf) = (w as f64, h as f64);
     let area = wf * hf;
     let (lr0, lr1) = (ratio.0.ln(), ratio.1.ln());
@@ -43,7 +45,12 @@ pub fn random_resized_crop_box(
         if cw > 0.0 && cw <= wf && ch > 0.0 && ch <= hf {
             let top = rng.gen_range(0..=(h - ch as u32)) as f64;
             let left = rng.gen_range(0..=(w - cw as u32)) as f64;
-            return CropBox { left, top, width: cw, height: ch };
+            return CropBox {
+                left,
+                top,
+                width: cw,
+                height: ch,
+            };
         }
     }
     let in_ratio = wf / hf;
@@ -54,7 +61,12 @@ pub fn random_resized_crop_box(
     } else {
         (wf, hf)
     };
-    CropBox { left: ((wf - cw) / 2.0).trunc(), top: ((hf - ch) / 2.0).trunc(), width: cw, height: ch }
+    CropBox {
+        left: ((wf - cw) / 2.0).trunc(),
+        top: ((hf - ch) / 2.0).trunc(),
+        width: cw,
+        height: ch,
+    }
 }
 
 /// Resize(resize) then CenterCrop(size), expressed as a box in source pixels.
@@ -71,7 +83,12 @@ pub fn resize_center_crop_box(w: u32, h: u32, resize: u32, size: u32) -> CropBox
     let top = ((nh - s) / 2.0).round().max(0.0);
     let left = ((nw - s) / 2.0).round().max(0.0);
     let (sx, sy) = (w as f64 / nw, h as f64 / nh);
-    CropBox { left: left * sx, top: top * sy, width: s.min(nw) * sx, height: s.min(nh) * sy }
+    CropBox {
+        left: left * sx,
+        top: top * sy,
+        width: s.min(nw) * sx,
+        height: s.min(nh) * sy,
+    }
 }
 
 /// Antialiased bilinear resize of `bx` in `img` to size×size, written into `out` (HWC RGB8).
@@ -107,7 +124,12 @@ impl Transform {
     pub fn apply(&self, img: &RgbImage, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
         let (w, h) = img.dimensions();
         match *self {
-            Transform::Train { size, scale, ratio, hflip } => {
+            Transform::Train {
+                size,
+                scale,
+                ratio,
+                hflip,
+            } => {
                 let bx = random_resized_crop_box(w, h, scale, ratio, rng);
                 resize_box_into(img, bx, size, out)?;
                 if hflip && rng.gen_bool(0.5) {
@@ -159,7 +181,8 @@ mod tests {
         let img = RgbImage::from_pixel(90, 60, image::Rgb([9, 200, 31]));
         let mut out = vec![0u8; 32 * 32 * 3];
         let t = Transform::Eval { size: 32, resize: 36 };
-        t.apply(&img, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0), &mut out).unwrap();
+        t.apply(&img, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0), &mut out)
+            .unwrap();
         assert!(out.chunks(3).all(|p| p == [9, 200, 31]));
     }
 }

@@ -50,7 +50,13 @@ impl Ddp {
             }
             flats.push(flat);
         }
-        Ok(Ddp { pg, buckets, flats, compress, comm_time: Cell::new(Duration::ZERO) })
+        Ok(Ddp {
+            pg,
+            buckets,
+            flats,
+            compress,
+            comm_time: Cell::new(Duration::ZERO),
+        })
     }
 
     /// Whether the gradients live in the buckets (then zero them with `zero_grad`, never set
@@ -164,7 +170,9 @@ fn copy_back(flat: &Tensor, dst: &[Tensor]) {
     let mut offset = 0i64;
     for d in dst {
         let n = d.numel() as i64;
-        let _ = d.shallow_clone().copy_(&flat.narrow(0, offset, n).view_as(d).to_kind(d.kind()));
+        let _ = d
+            .shallow_clone()
+            .copy_(&flat.narrow(0, offset, n).view_as(d).to_kind(d.kind()));
         offset += n;
     }
 }

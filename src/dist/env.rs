@@ -68,15 +68,27 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<DistEnv>> {
         return check(env).map(Some);
     }
     // srun sets SLURM_STEP_NUM_TASKS for the tasks of a step; a batch script alone is not a job step.
-    if let (Some(rank), Some(world)) = (parse::<usize>(get, "SLURM_PROCID")?, parse::<usize>(get, "SLURM_STEP_NUM_TASKS")?) {
+    if let (Some(rank), Some(world)) = (
+        parse::<usize>(get, "SLURM_PROCID")?,
+        parse::<usize>(get, "SLURM_STEP_NUM_TASKS")?,
+    ) {
         if world > 1 {
-            let master = get("MASTER_ADDR").or_else(|| get("SLURM_STEP_NODELIST").or_else(|| get("SLURM_JOB_NODELIST")).map(|l| first_slurm_host(&l)));
-            let Some(master_addr) = master else { bail_user!("Slurm job without SLURM_JOB_NODELIST or MASTER_ADDR: cannot find the master") };
+            let master = get("MASTER_ADDR").or_else(|| {
+                get("SLURM_STEP_NODELIST")
+                    .or_else(|| get("SLURM_JOB_NODELIST"))
+                    .map(|l| first_slurm_host(&l))
+            });
+            let Some(master_addr) = master else {
+                bail_user!("Slurm job without SLURM_JOB_NODELIST or MASTER_ADDR: cannot find the master")
+            };
             let env = DistEnv {
                 rank,
                 world_size: world,
                 local_rank: parse(get, "SLURM_LOCALID")?.unwrap_or(0),
-                local_world_size: get("SLURM_STEP_TASKS_PER_NODE").as_deref().and_then(slurm_tasks_per_node).unwrap_or(1),
+                local_world_size: get("SLURM_STEP_TASKS_PER_NODE")
+                    .as_deref()
+                    .and_then(slurm_tasks_per_node)
+                    .unwrap_or(1),
                 master_addr,
                 master_port,
                 source: "Slurm (SLURM_PROCID, SLURM_STEP_NUM_TASKS)",
@@ -84,13 +96,18 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<DistEnv>> {
             return check(env).map(Some);
         }
     }
-    if let (Some(rank), Some(world)) = (parse::<usize>(get, "OMPI_COMM_WORLD_RANK")?, parse::<usize>(get, "OMPI_COMM_WORLD_SIZE")?) {
+    if let (Some(rank), Some(world)) = (
+        parse::<usize>(get, "OMPI_COMM_WORLD_RANK")?,
+        parse::<usize>(get, "OMPI_COMM_WORLD_SIZE")?,
+    ) {
         if world > 1 {
             let local_world_size = parse(get, "OMPI_COMM_WORLD_LOCAL_SIZE")?.unwrap_or(world);
             let master_addr = match get("MASTER_ADDR") {
                 Some(a) => a,
                 None if local_world_size == world => "127.0.0.1".into(),
-                None => bail_user!("mpirun across nodes needs MASTER_ADDR (the host of rank 0), e.g. mpirun -x MASTER_ADDR=..."),
+                None => bail_user!(
+                    "mpirun across nodes needs MASTER_ADDR (the host of rank 0), e.g. mpirun -x MASTER_ADDR=..."
+                ),
             };
             let env = DistEnv {
                 rank,
@@ -109,10 +126,20 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<DistEnv>> {
 
 fn check(env: DistEnv) -> Result<DistEnv> {
     if env.world_size == 0 || env.rank >= env.world_size {
-        bail_user!("rank {} is out of range for world size {} ({})", env.rank, env.world_size, env.source);
+        bail_user!(
+            "rank {} is out of range for world size {} ({})",
+            env.rank,
+            env.world_size,
+            env.source
+        );
     }
     if env.local_world_size == 0 || env.local_rank >= env.local_world_size {
-        bail_user!("local rank {} is out of range for local world size {} ({})", env.local_rank, env.local_world_size, env.source);
+        bail_user!(
+            "local rank {} is out of range for local world size {} ({})",
+            env.local_rank,
+            env.local_world_size,
+            env.source
+        );
     }
     Ok(env)
 }
@@ -133,7 +160,16 @@ mod tests {
 
     #[test]
     fn torchrun_variables() {
-        let e = env(&[("RANK", "3"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2"), ("MASTER_ADDR", "10.1.2.3"), ("MASTER_PORT", "1234")]).unwrap().unwrap();
+        let e = env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "1234"),
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size), (3, 8, 1, 2));
         assert_eq!((e.master_addr.as_str(), e.master_port), ("10.1.2.3", 1234));
     }
@@ -160,9 +196,20 @@ mod tests {
 
     #[test]
     fn open_mpi_single_node_defaults_to_loopback() {
-        let e = env(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]).unwrap().unwrap();
+        let e = env(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!((e.rank, e.local_rank, e.master_addr.as_str()), (1, 1, "127.0.0.1"));
-        let multi = env(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]);
+        let multi = env(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]);
         assert!(multi.unwrap_err().to_string().contains("MASTER_ADDR"));
     }
 
@@ -171,8 +218,14 @@ mod tests {
         assert_eq!(first_slurm_host("node[03-05,07],gpu1"), "node03");
         assert_eq!(first_slurm_host("a1,b2"), "a1");
         assert_eq!(first_slurm_host("single"), "single");
-        assert!(env(&[("RANK", "x"), ("WORLD_SIZE", "2")]).unwrap_err().to_string().contains("RANK"));
-        assert!(env(&[("RANK", "2"), ("WORLD_SIZE", "2")]).unwrap_err().to_string().contains("out of range"));
+        assert!(env(&[("RANK", "x"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string()
+            .contains("RANK"));
+        assert!(env(&[("RANK", "2"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string()
+            .contains("out of range"));
         assert_eq!(env(&[]).unwrap(), None);
     }
 }

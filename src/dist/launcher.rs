@@ -83,7 +83,22 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
             });
         }
         let mut child = cmd.spawn().with_context(|| format!("starting worker rank {rank}"))?;
-        for (stream, to_stderr) in [(child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), false), (child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), true)] {
+        for (stream, to_stderr) in [
+            (
+                child
+                    .stdout
+                    .take()
+                    .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+                false,
+            ),
+            (
+                child
+                    .stderr
+                    .take()
+                    .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+                true,
+            ),
+        ] {
             let Some(stream) = stream else { continue };
             readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(|l| l.ok()) {
@@ -136,14 +151,24 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
     for r in readers {
         let _ = r.join();
     }
-    let Some((rank, pid, s)) = first_failure else { return Ok(0) };
+    let Some((rank, pid, s)) = first_failure else {
+        return Ok(0);
+    };
     let others: Vec<String> = children
         .iter()
         .zip(&status)
         .filter(|((r, _), _)| *r != rank)
         .map(|((r, _), s)| format!("rank {r} {}", s.map(describe).unwrap_or_default()))
         .collect();
-    eprintln!("error: worker rank {rank} (pid {pid}) {}; stopped the others ({})", describe(s), others.join(", "));
+    eprintln!(
+        "error: worker rank {rank} (pid {pid}) {}; stopped the others ({})",
+        describe(s),
+        others.join(", ")
+    );
     // Every worker rejected the input the same way: keep the user-error exit code.
-    Ok(if status.iter().all(|s| s.and_then(|s| s.code()) == Some(2)) { 2 } else { 1 })
+    Ok(if status.iter().all(|s| s.and_then(|s| s.code()) == Some(2)) {
+        2
+    } else {
+        1
+    })
 }

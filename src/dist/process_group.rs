@@ -18,7 +18,14 @@ struct RtWork {
 
 extern "C" {
     fn rt_nccl_available() -> c_int;
-    fn rt_pg_new(backend: *const c_char, master: *const c_char, port: c_int, rank: c_int, world: c_int, timeout_ms: i64) -> *mut RtPg;
+    fn rt_pg_new(
+        backend: *const c_char,
+        master: *const c_char,
+        port: c_int,
+        rank: c_int,
+        world: c_int,
+        timeout_ms: i64,
+    ) -> *mut RtPg;
     fn rt_pg_free(pg: *mut RtPg);
     fn rt_pg_allreduce(pg: *mut RtPg, t: *mut torch_sys::C_tensor, op: c_int) -> *mut RtWork;
     fn rt_pg_broadcast(pg: *mut RtPg, t: *mut torch_sys::C_tensor, root: c_int) -> *mut RtWork;
@@ -92,9 +99,25 @@ unsafe impl Send for ProcessGroup {}
 impl ProcessGroup {
     /// Rendezvous at master_addr:port (rank 0 hosts the store) and create the group. Fails with
     /// c10d's message when the port is taken or the master does not answer within `timeout`.
-    pub fn new(backend: Backend, master_addr: &str, port: u16, rank: usize, world_size: usize, timeout: Duration) -> Result<Self> {
+    pub fn new(
+        backend: Backend,
+        master_addr: &str,
+        port: u16,
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
         let (b, m) = (CString::new(backend.name())?, CString::new(master_addr)?);
-        let pg = unsafe { rt_pg_new(b.as_ptr(), m.as_ptr(), port as c_int, rank as c_int, world_size as c_int, timeout.as_millis() as i64) };
+        let pg = unsafe {
+            rt_pg_new(
+                b.as_ptr(),
+                m.as_ptr(),
+                port as c_int,
+                rank as c_int,
+                world_size as c_int,
+                timeout.as_millis() as i64,
+            )
+        };
         if pg.is_null() {
             bail!(
                 "rendezvous with the master at {master_addr}:{port} failed ({} backend, rank {rank} of {world_size}): {}",
@@ -102,7 +125,12 @@ impl ProcessGroup {
                 crate::shim::last_error_message().lines().next().unwrap_or("")
             );
         }
-        Ok(ProcessGroup { pg, rank, world_size, backend })
+        Ok(ProcessGroup {
+            pg,
+            rank,
+            world_size,
+            backend,
+        })
     }
 
     /// The shim's handle, for the shim's other users (SyncBatchNorm).
@@ -140,7 +168,8 @@ impl ProcessGroup {
 
     /// `out[r]` receives rank r's `input`; `out` has shape [world_size, *input.shape].
     pub fn all_gather(&self, out: &Tensor, input: &Tensor) -> Result<()> {
-        self.started(unsafe { rt_pg_allgather(self.pg, ptr(out), ptr(input)) }, "all-gather")?.wait()
+        self.started(unsafe { rt_pg_allgather(self.pg, ptr(out), ptr(input)) }, "all-gather")?
+            .wait()
     }
 
     pub fn barrier(&self) -> Result<()> {

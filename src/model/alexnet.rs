@@ -4,7 +4,17 @@ use tch::nn;
 pub fn alexnet(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
     let f = p / "features";
     let conv = |i: usize, cin, cout, k, stride, padding| {
-        nn::conv2d(&f / i, cin, cout, k, nn::ConvConfig { stride, padding, ..Default::default() })
+        nn::conv2d(
+            &f / i,
+            cin,
+            cout,
+            k,
+            nn::ConvConfig {
+                stride,
+                padding,
+                ..Default::default()
+            },
+        )
     };
     let pool = |x: &tch::Tensor| x.max_pool2d([3, 3], [2, 2], [0, 0], [1, 1], false);
     let features = nn::seq_t()
@@ -29,8 +39,16 @@ pub fn alexnet(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
         .add_fn_t(|x, train| x.dropout(0.5, train))
         .add(nn::linear(&c / 4, 4096, 4096, Default::default()))
         .add_fn(|x| x.relu())
-        .add(nn::linear(c.set_group(super::HEAD_GROUP) / 6, 4096, num_classes, Default::default()));
+        .add(nn::linear(
+            c.set_group(super::HEAD_GROUP) / 6,
+            4096,
+            num_classes,
+            Default::default(),
+        ));
     nn::func_t(move |x, train| {
-        x.apply_t(&features, train).adaptive_avg_pool2d([6, 6]).flatten(1, -1).apply_t(&classifier, train)
+        x.apply_t(&features, train)
+            .adaptive_avg_pool2d([6, 6])
+            .flatten(1, -1)
+            .apply_t(&classifier, train)
     })
 }

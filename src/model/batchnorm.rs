@@ -46,7 +46,9 @@ pub struct BatchNorm2d {
 }
 
 pub fn batch_norm2d(p: nn::Path, c: i64) -> BatchNorm2d {
-    BatchNorm2d { bn: nn::batch_norm2d(p, c, Default::default()) }
+    BatchNorm2d {
+        bn: nn::batch_norm2d(p, c, Default::default()),
+    }
 }
 
 fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
@@ -61,9 +63,20 @@ impl ModuleT for BatchNorm2d {
         if !train || pg.is_null() {
             return self.bn.forward_t(x, train);
         }
-        let (Some(w), Some(b)) = (&self.bn.ws, &self.bn.bs) else { return self.bn.forward_t(x, train) };
+        let (Some(w), Some(b)) = (&self.bn.ws, &self.bn.bs) else {
+            return self.bn.forward_t(x, train);
+        };
         let out = unsafe {
-            rt_sync_batch_norm(pg, ptr(x), ptr(w), ptr(b), ptr(&self.bn.running_mean), ptr(&self.bn.running_var), 0.1, 1e-5)
+            rt_sync_batch_norm(
+                pg,
+                ptr(x),
+                ptr(w),
+                ptr(b),
+                ptr(&self.bn.running_mean),
+                ptr(&self.bn.running_var),
+                0.1,
+                1e-5,
+            )
         };
         // A failed collective inside a forward pass has no Result to travel through (ModuleT):
         // it ends the process with the reason; the launcher then stops the other ranks.

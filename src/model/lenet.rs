@@ -8,7 +8,12 @@ pub fn lenet5(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
     let conv2 = nn::conv2d(p / "conv2", 6, 16, 5, Default::default());
     let fc1 = nn::linear(p / "fc1", 16 * 5 * 5, 120, Default::default());
     let fc2 = nn::linear(p / "fc2", 120, 84, Default::default());
-    let fc3 = nn::linear(p.set_group(super::HEAD_GROUP) / "fc3", 84, num_classes, Default::default());
+    let fc3 = nn::linear(
+        p.set_group(super::HEAD_GROUP) / "fc3",
+        84,
+        num_classes,
+        Default::default(),
+    );
     nn::func_t(move |x, _train| {
         x.apply(&conv1)
             .relu()

@@ -30,8 +30,16 @@ pub struct PretrainedReport {
 }
 
 /// Names accepted by `--model`.
-pub const MODEL_NAMES: &[&str] =
-    &["resnet18", "resnet34", "resnet50", "resnet101", "alexnet", "resnet18-cifar", "resnet10-tiny", "lenet5"];
+pub const MODEL_NAMES: &[&str] = &[
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "alexnet",
+    "resnet18-cifar",
+    "resnet10-tiny",
+    "lenet5",
+];
 
 fn spec(name: &str) -> Option<ResNetSpec> {
     let imagenet = [64, 128, 256, 512];
@@ -45,7 +53,12 @@ fn spec(name: &str) -> Option<ResNetSpec> {
         "resnet10-tiny" => (Block::Basic, [1, 1, 1, 1], [16, 32, 64, 128], true),
         _ => return None,
     };
-    Some(ResNetSpec { block, layers, widths, cifar_stem })
+    Some(ResNetSpec {
+        block,
+        layers,
+        widths,
+        cifar_stem,
+    })
 }
 
 pub struct Model {
@@ -70,7 +83,12 @@ impl Model {
                 None => bail!("unknown model '{name}' (expected one of: {})", MODEL_NAMES.join(", ")),
             },
         };
-        Ok(Model { name: name.to_string(), vs, net, bn_batches: 0 })
+        Ok(Model {
+            name: name.to_string(),
+            vs,
+            net,
+            bn_batches: 0,
+        })
     }
 
     /// The classifier head's name prefix, as in torchvision.
@@ -120,10 +138,18 @@ impl Model {
             }
             Ok(())
         })?;
-        r.unexpected = file.keys().filter(|k| !vars.contains_key(*k) && !k.ends_with(".num_batches_tracked")).cloned().collect();
+        r.unexpected = file
+            .keys()
+            .filter(|k| !vars.contains_key(*k) && !k.ends_with(".num_batches_tracked"))
+            .cloned()
+            .collect();
         r.unexpected.sort();
         if r.loaded == 0 {
-            crate::bail_user!("--pretrained {}: no tensor name matches {} (is it a torchvision state_dict?)", path.display(), self.name);
+            crate::bail_user!(
+                "--pretrained {}: no tensor name matches {} (is it a torchvision state_dict?)",
+                path.display(),
+                self.name
+            );
         }
         Ok(r)
     }
@@ -134,7 +160,11 @@ impl Model {
         let vars = self.vs.variables();
         let mut frozen = 0;
         for prefix in prefixes {
-            let under: Vec<&Tensor> = vars.iter().filter(|(k, _)| *k == prefix || k.starts_with(&format!("{prefix}."))).map(|(_, v)| v).collect();
+            let under: Vec<&Tensor> = vars
+                .iter()
+                .filter(|(k, _)| *k == prefix || k.starts_with(&format!("{prefix}.")))
+                .map(|(_, v)| v)
+                .collect();
             if under.is_empty() {
                 crate::bail_user!("--freeze {prefix}: no parameter of {} has that name prefix", self.name);
             }
@@ -183,8 +213,10 @@ impl Model {
         let vars = self.vs.variables();
         let mut missing: Vec<&String> = vars.keys().filter(|k| !file.contains_key(*k)).collect();
         missing.sort();
-        let mut unexpected: Vec<&String> =
-            file.keys().filter(|k| !vars.contains_key(*k) && !k.ends_with(".num_batches_tracked")).collect();
+        let mut unexpected: Vec<&String> = file
+            .keys()
+            .filter(|k| !vars.contains_key(*k) && !k.ends_with(".num_batches_tracked"))
+            .collect();
         unexpected.sort();
         if !missing.is_empty() || !unexpected.is_empty() {
             bail!(
@@ -202,7 +234,13 @@ impl Model {
                 let var = &vars[name];
                 let src = &file[name];
                 if src.size() != var.size() {
-                    bail!("{}: {name} has shape {:?}, model {} expects {:?}", path.display(), src.size(), self.name, var.size());
+                    bail!(
+                        "{}: {name} has shape {:?}, model {} expects {:?}",
+                        path.display(),
+                        src.size(),
+                        self.name,
+                        var.size()
+                    );
                 }
                 var.shallow_clone().copy_(&src.to_kind(var.kind()));
             }
@@ -222,8 +260,16 @@ mod tests {
     #[test]
     fn parameter_counts_match_torchvision() {
         // torchvision: sum(p.numel() for p in resnetX(num_classes=1000).parameters())
-        for (name, n) in [("resnet18", 11_689_512), ("resnet50", 25_557_032), ("alexnet", 61_100_840)] {
-            assert_eq!(Model::new(name, 1000, Device::Cpu).unwrap().num_parameters(), n, "{name}");
+        for (name, n) in [
+            ("resnet18", 11_689_512),
+            ("resnet50", 25_557_032),
+            ("alexnet", 61_100_840),
+        ] {
+            assert_eq!(
+                Model::new(name, 1000, Device::Cpu).unwrap().num_parameters(),
+                n,
+                "{name}"
+            );
         }
     }
 
@@ -248,8 +294,18 @@ mod tests {
     fn wrong_head_size_is_rejected() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("m.safetensors");
-        Model::new("resnet10-tiny", 5, Device::Cpu).unwrap().save_safetensors(&p).unwrap();
-        let e = Model::new("resnet10-tiny", 3, Device::Cpu).unwrap().load_safetensors(&p).unwrap_err();
-        assert!(e.to_string().contains("fc.bias has shape [5], model resnet10-tiny expects [3]"), "{e}");
+        Model::new("resnet10-tiny", 5, Device::Cpu)
+            .unwrap()
+            .save_safetensors(&p)
+            .unwrap();
+        let e = Model::new("resnet10-tiny", 3, Device::Cpu)
+            .unwrap()
+            .load_safetensors(&p)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("fc.bias has shape [5], model resnet10-tiny expects [3]"),
+            "{e}"
+        );
     }
 }

@@ -50,7 +50,11 @@ fn bn(p: nn::Path, c: i64) -> BatchNorm2d {
 }
 
 fn downsample(p: nn::Path, cin: i64, cout: i64, stride: i64) -> Option<nn::SequentialT> {
-    (stride != 1 || cin != cout).then(|| nn::seq_t().add(conv(&p / "0", cin, cout, 1, stride, 0)).add(bn(&p / "1", cout)))
+    (stride != 1 || cin != cout).then(|| {
+        nn::seq_t()
+            .add(conv(&p / "0", cin, cout, 1, stride, 0))
+            .add(bn(&p / "1", cout))
+    })
 }
 
 fn shortcut(ds: &Option<nn::SequentialT>, x: &Tensor, train: bool) -> Tensor {
@@ -118,7 +122,12 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> nn::FuncT<'s
         }
         layers_seq.push(seq);
     }
-    let fc = nn::linear(p.set_group(super::HEAD_GROUP) / "fc", cin, num_classes, Default::default());
+    let fc = nn::linear(
+        p.set_group(super::HEAD_GROUP) / "fc",
+        cin,
+        num_classes,
+        Default::default(),
+    );
     let cifar = spec.cifar_stem;
     nn::func_t(move |x, train| {
         let mut y = x.apply(&c1).apply_t(&b1, train).relu();

@@ -42,8 +42,18 @@ impl ClassificationReport {
                 let support: usize = confusion[c].iter().sum();
                 let predicted: usize = (0..k).map(|t| confusion[t][c]).sum();
                 let (precision, recall) = (ratio(tp, predicted), ratio(tp, support));
-                let f1 = if precision + recall == 0.0 { 0.0 } else { 2.0 * precision * recall / (precision + recall) };
-                ClassRow { name: classes[c].clone(), precision, recall, f1, support }
+                let f1 = if precision + recall == 0.0 {
+                    0.0
+                } else {
+                    2.0 * precision * recall / (precision + recall)
+                };
+                ClassRow {
+                    name: classes[c].clone(),
+                    precision,
+                    recall,
+                    f1,
+                    support,
+                }
             })
             .collect();
         let n: usize = rows.iter().map(|r| r.support).sum();
@@ -57,7 +67,13 @@ impl ClassificationReport {
         };
         let macro_avg = avg("macro avg", &|_| 1.0, k.max(1) as f64);
         let weighted_avg = avg("weighted avg", &|r| r.support as f64, n.max(1) as f64);
-        ClassificationReport { accuracy: ratio(correct, n), rows, macro_avg, weighted_avg, confusion }
+        ClassificationReport {
+            accuracy: ratio(correct, n),
+            rows,
+            macro_avg,
+            weighted_avg,
+            confusion,
+        }
     }
 
     /// sklearn's `classification_report(..., output_dict=True)`, key for key.
@@ -92,15 +108,30 @@ impl ClassificationReport {
 
     /// The text layout of sklearn's `classification_report(digits=4)`.
     pub fn to_text(&self) -> String {
-        let width = self.rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max("weighted avg".len());
-        let mut s = format!("{:>width$} {:>9} {:>9} {:>9} {:>9}\n\n", "", "precision", "recall", "f1-score", "support");
+        let width = self
+            .rows
+            .iter()
+            .map(|r| r.name.len())
+            .max()
+            .unwrap_or(0)
+            .max("weighted avg".len());
+        let mut s = format!(
+            "{:>width$} {:>9} {:>9} {:>9} {:>9}\n\n",
+            "", "precision", "recall", "f1-score", "support"
+        );
         let line = |r: &ClassRow| {
-            format!("{:>width$} {:>9.4} {:>9.4} {:>9.4} {:>9}\n", r.name, r.precision, r.recall, r.f1, r.support)
+            format!(
+                "{:>width$} {:>9.4} {:>9.4} {:>9.4} {:>9}\n",
+                r.name, r.precision, r.recall, r.f1, r.support
+            )
         };
         for r in &self.rows {
             s += &line(r);
         }
-        s += &format!("\n{:>width$} {:>9} {:>9} {:>9.4} {:>9}\n", "accuracy", "", "", self.accuracy, self.macro_avg.support);
+        s += &format!(
+            "\n{:>width$} {:>9} {:>9} {:>9.4} {:>9}\n",
+            "accuracy", "", "", self.accuracy, self.macro_avg.support
+        );
         s += &line(&self.macro_avg);
         s += &line(&self.weighted_avg);
         s

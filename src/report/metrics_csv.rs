@@ -28,7 +28,16 @@ pub fn write(path: &Path, rows: &[EpochRow]) -> Result<()> {
     for r in rows {
         s += &format!(
             "{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.8},{:.3},{:.1},{}\n",
-            r.epoch, r.train_loss, r.train_top1, r.val_loss, r.val_top1, r.val_top5, r.lr, r.seconds, r.images_per_s, r.skipped_steps
+            r.epoch,
+            r.train_loss,
+            r.train_top1,
+            r.val_loss,
+            r.val_top1,
+            r.val_top5,
+            r.lr,
+            r.seconds,
+            r.images_per_s,
+            r.skipped_steps
         );
     }
     atomic::write_file(path, s.as_bytes())

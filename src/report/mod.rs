@@ -31,7 +31,10 @@ pub fn write_evaluation(dir: &Path, classes: &[String], ev: &EvalResult, title: 
         "confusion_matrix": report.confusion,
         "classes": classes,
     });
-    atomic::write_file(&dir.join("metrics.json"), serde_json::to_string_pretty(&metrics)?.as_bytes())?;
+    atomic::write_file(
+        &dir.join("metrics.json"),
+        serde_json::to_string_pretty(&metrics)?.as_bytes(),
+    )?;
     atomic::write_file(&dir.join("confusion.csv"), report.confusion_csv().as_bytes())?;
     plots::confusion_heatmap(&dir.join("confusion.png"), classes, &report.confusion, title)?;
     Ok(report)

@@ -26,7 +26,12 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 }
 
 /// Renders into an RGB buffer, then writes the PNG atomically.
-fn render_png(path: &Path, w: u32, h: u32, draw: impl FnOnce(DrawingArea<BitMapBackend, plotters::coord::Shift>) -> Result<()>) -> Result<()> {
+fn render_png(
+    path: &Path,
+    w: u32,
+    h: u32,
+    draw: impl FnOnce(DrawingArea<BitMapBackend, plotters::coord::Shift>) -> Result<()>,
+) -> Result<()> {
     register_font();
     let mut buf = vec![255u8; (w * h * 3) as usize];
     {
@@ -51,9 +56,16 @@ fn panel(
     epochs: usize,
     legend: SeriesLabelPosition,
 ) -> Result<()> {
-    let ys = series.iter().flat_map(|s| s.1.iter().map(|p| p.1)).filter(|y| y.is_finite());
+    let ys = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.1))
+        .filter(|y| y.is_finite());
     let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
-    let (lo, hi) = if lo.is_finite() { (lo.min(0.0), if hi > lo { hi * 1.05 } else { lo + 1.0 }) } else { (0.0, 1.0) };
+    let (lo, hi) = if lo.is_finite() {
+        (lo.min(0.0), if hi > lo { hi * 1.05 } else { lo + 1.0 })
+    } else {
+        (0.0, 1.0)
+    };
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FONT, 22))
         .margin(12)
@@ -78,7 +90,9 @@ fn panel(
             .map_err(err)?
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
-        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(err)?;
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, c.filled())))
+            .map_err(err)?;
     }
     chart
         .configure_series_labels()
@@ -97,8 +111,18 @@ pub fn training_curves(path: &Path, rows: &[EpochRow]) -> Result<()> {
     let n = rows.last().map(|r| r.epoch).unwrap_or(1);
     render_png(path, 1500, 450, |root| {
         let areas = root.split_evenly((1, 3));
-        let loss = [("train", pts(|r| r.train_loss), BLUE), ("val", pts(|r| r.val_loss), RED)];
-        panel(&areas[0], "Loss", "cross-entropy", &loss, n, SeriesLabelPosition::UpperRight)?;
+        let loss = [
+            ("train", pts(|r| r.train_loss), BLUE),
+            ("val", pts(|r| r.val_loss), RED),
+        ];
+        panel(
+            &areas[0],
+            "Loss",
+            "cross-entropy",
+            &loss,
+            n,
+            SeriesLabelPosition::UpperRight,
+        )?;
         panel(
             &areas[1],
             "Accuracy",
@@ -111,7 +135,14 @@ pub fn training_curves(path: &Path, rows: &[EpochRow]) -> Result<()> {
             n,
             SeriesLabelPosition::LowerRight,
         )?;
-        panel(&areas[2], "Learning rate (end of epoch)", "lr", &[("lr", pts(|r| r.lr), BLACK)], n, SeriesLabelPosition::UpperRight)
+        panel(
+            &areas[2],
+            "Learning rate (end of epoch)",
+            "lr",
+            &[("lr", pts(|r| r.lr), BLACK)],
+            n,
+            SeriesLabelPosition::UpperRight,
+        )
     })
 }
 
@@ -122,10 +153,14 @@ pub fn confusion_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize
     let cell = (640 / k).clamp(28, 80) as i32;
     let label_w = (classes.iter().map(|c| c.len()).max().unwrap_or(4) as i32 * 7 + 16).max(80);
     let (left, top) = (label_w + 30, 60);
-    let (w, h) = ((left + cell * k as i32 + 40) as u32, (top + cell * k as i32 + label_w + 40) as u32);
+    let (w, h) = (
+        (left + cell * k as i32 + 40) as u32,
+        (top + cell * k as i32 + label_w + 40) as u32,
+    );
     render_png(path, w, h, |root| {
         let text = |size: i32| TextStyle::from((FONT, size).into_font()).color(&BLACK);
-        root.draw(&Text::new(title.to_string(), (left, 20), text(20))).map_err(err)?;
+        root.draw(&Text::new(title.to_string(), (left, 20), text(20)))
+            .map_err(err)?;
         let centred = |size| text(size).pos(Pos::new(HPos::Center, VPos::Center));
         for (t, row) in confusion.iter().enumerate() {
             let total: usize = row.iter().sum::<usize>().max(1);
@@ -133,27 +168,50 @@ pub fn confusion_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize
                 let share = count as f64 / total as f64;
                 let (x, y) = (left + p as i32 * cell, top + t as i32 * cell);
                 // White → dark blue by share of the row.
-                let c = RGBColor((255.0 * (1.0 - 0.85 * share)) as u8, (255.0 * (1.0 - 0.7 * share)) as u8, (255.0 * (1.0 - 0.35 * share)) as u8);
-                root.draw(&Rectangle::new([(x, y), (x + cell, y + cell)], c.filled())).map_err(err)?;
-                root.draw(&Rectangle::new([(x, y), (x + cell, y + cell)], RGBColor(200, 200, 200))).map_err(err)?;
+                let c = RGBColor(
+                    (255.0 * (1.0 - 0.85 * share)) as u8,
+                    (255.0 * (1.0 - 0.7 * share)) as u8,
+                    (255.0 * (1.0 - 0.35 * share)) as u8,
+                );
+                root.draw(&Rectangle::new([(x, y), (x + cell, y + cell)], c.filled()))
+                    .map_err(err)?;
+                root.draw(&Rectangle::new([(x, y), (x + cell, y + cell)], RGBColor(200, 200, 200)))
+                    .map_err(err)?;
                 if count > 0 {
                     let colour = if share > 0.55 { WHITE } else { BLACK };
                     let style = centred((cell / 3).clamp(10, 16)).color(&colour);
-                    root.draw(&Text::new(count.to_string(), (x + cell / 2, y + cell / 2), style)).map_err(err)?;
+                    root.draw(&Text::new(count.to_string(), (x + cell / 2, y + cell / 2), style))
+                        .map_err(err)?;
                 }
             }
         }
         let label = text(14);
         for (i, name) in classes.iter().enumerate() {
             let y = top + i as i32 * cell + cell / 2;
-            root.draw(&Text::new(name.clone(), (left - 8, y), label.pos(Pos::new(HPos::Right, VPos::Center)))).map_err(err)?;
+            root.draw(&Text::new(
+                name.clone(),
+                (left - 8, y),
+                label.pos(Pos::new(HPos::Right, VPos::Center)),
+            ))
+            .map_err(err)?;
             let x = left + i as i32 * cell + cell / 2;
-            let rotated = label.transform(FontTransform::Rotate90).pos(Pos::new(HPos::Left, VPos::Center));
-            root.draw(&Text::new(name.clone(), (x, top + k as i32 * cell + 8), rotated)).map_err(err)?;
+            let rotated = label
+                .transform(FontTransform::Rotate90)
+                .pos(Pos::new(HPos::Left, VPos::Center));
+            root.draw(&Text::new(name.clone(), (x, top + k as i32 * cell + 8), rotated))
+                .map_err(err)?;
         }
-        let y_axis = text(15).transform(FontTransform::Rotate270).pos(Pos::new(HPos::Center, VPos::Center));
-        root.draw(&Text::new("true class", (12, top + cell * k as i32 / 2), y_axis)).map_err(err)?;
-        root.draw(&Text::new("predicted class", (left + cell * k as i32 / 2, h as i32 - 14), centred(15))).map_err(err)?;
+        let y_axis = text(15)
+            .transform(FontTransform::Rotate270)
+            .pos(Pos::new(HPos::Center, VPos::Center));
+        root.draw(&Text::new("true class", (12, top + cell * k as i32 / 2), y_axis))
+            .map_err(err)?;
+        root.draw(&Text::new(
+            "predicted class",
+            (left + cell * k as i32 / 2, h as i32 - 14),
+            centred(15),
+        ))
+        .map_err(err)?;
         Ok(())
     })
 }
@@ -166,11 +224,31 @@ mod tests {
     fn pictures_are_valid_pngs_with_ink() {
         let d = tempfile::tempdir().unwrap();
         let rows: Vec<EpochRow> = (1..=4)
-            .map(|e| EpochRow { epoch: e, train_loss: 2.0 / e as f64, train_top1: 0.2 * e as f64, val_loss: 2.2 / e as f64, val_top1: 0.18 * e as f64, val_top5: 0.9, lr: 0.1 / e as f64, seconds: 1.0, images_per_s: 10.0, skipped_steps: 0 })
+            .map(|e| EpochRow {
+                epoch: e,
+                train_loss: 2.0 / e as f64,
+                train_top1: 0.2 * e as f64,
+                val_loss: 2.2 / e as f64,
+                val_top1: 0.18 * e as f64,
+                val_top5: 0.9,
+                lr: 0.1 / e as f64,
+                seconds: 1.0,
+                images_per_s: 10.0,
+                skipped_steps: 0,
+            })
             .collect();
         training_curves(&d.path().join("curves.png"), &rows).unwrap();
-        let classes: Vec<String> = ["alpha", "beta", "Small-flowered_Cranesbill"].iter().map(|s| s.to_string()).collect();
-        confusion_heatmap(&d.path().join("confusion.png"), &classes, &[vec![5, 1, 0], vec![0, 7, 2], vec![1, 0, 9]], "test").unwrap();
+        let classes: Vec<String> = ["alpha", "beta", "Small-flowered_Cranesbill"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        confusion_heatmap(
+            &d.path().join("confusion.png"),
+            &classes,
+            &[vec![5, 1, 0], vec![0, 7, 2], vec![1, 0, 9]],
+            "test",
+        )
+        .unwrap();
         for f in ["curves.png", "confusion.png"] {
             let img = image::open(d.path().join(f)).unwrap().into_rgb8();
             let dark = img.pixels().filter(|p| p.0.iter().all(|&c| c < 80)).count();

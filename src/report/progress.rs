@@ -48,7 +48,13 @@ impl EpochProgress {
             b.set_prefix(label.clone());
             b
         });
-        EpochProgress { bar, label, total, log_every, start: Instant::now() }
+        EpochProgress {
+            bar,
+            label,
+            total,
+            log_every,
+            start: Instant::now(),
+        }
     }
 
     /// Whether the caller should read the loss back for this (1-based) step: reading it waits
@@ -67,7 +73,10 @@ impl EpochProgress {
             }
             (Some(b), None) => b.set_position(step as u64),
             (None, Some(loss)) if !quiet() => {
-                println!("{} step {step}/{} loss {loss:.4} lr {lr:.5} {rate:.0} img/s", self.label, self.total)
+                println!(
+                    "{} step {step}/{} loss {loss:.4} lr {lr:.5} {rate:.0} img/s",
+                    self.label, self.total
+                )
             }
             _ => {}
         }

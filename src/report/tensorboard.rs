@@ -33,7 +33,10 @@ fn bytes_field(buf: &mut Vec<u8>, field: u32, bytes: &[u8]) {
 
 fn event(step: i64, body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut e = Vec::new();
-    let wall = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    let wall = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
     key(&mut e, 1, 1);
     e.extend_from_slice(&wall.to_le_bytes());
     key(&mut e, 2, 0);
@@ -55,11 +58,19 @@ pub struct EventWriter {
 impl EventWriter {
     /// Creates `events.out.tfevents.<time>.<host>.ringtrain` in `dir`.
     pub fn create(dir: &Path) -> Result<Self> {
-        let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into());
         let path = dir.join(format!("events.out.tfevents.{secs}.{host}.ringtrain"));
         let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        let mut w = EventWriter { path, out: BufWriter::new(file) };
+        let mut w = EventWriter {
+            path,
+            out: BufWriter::new(file),
+        };
         w.record(&event(0, |e| bytes_field(e, 3, b"brain.Event:2")))?;
         Ok(w)
     }
@@ -131,6 +142,9 @@ mod tests {
         assert_eq!(b, vec![0xac, 0x02]);
         // CRC-32C check value of "123456789" is 0xe3069283 (RFC 3720).
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
-        assert_eq!(masked_crc(b"123456789"), 0xe306_9283u32.rotate_right(15).wrapping_add(0xa282_ead8));
+        assert_eq!(
+            masked_crc(b"123456789"),
+            0xe306_9283u32.rotate_right(15).wrapping_add(0xa282_ead8)
+        );
     }
 }

@@ -63,12 +63,22 @@ impl GradScaler {
     /// Updates the scale from the last `unscale`'s finding (dynamic scaling only).
     pub fn update(&mut self) {
         if self.dynamic {
-            let _ = self.scale.internal_amp_update_scale_(&self.growth_tracker, &self.found_inf, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL);
+            let _ = self.scale.internal_amp_update_scale_(
+                &self.growth_tracker,
+                &self.found_inf,
+                GROWTH_FACTOR,
+                BACKOFF_FACTOR,
+                GROWTH_INTERVAL,
+            );
         }
     }
 
     pub fn state(&self) -> ScalerState {
-        ScalerState { scale: self.scale.double_value(&[0]), growth_tracker: self.growth_tracker.int64_value(&[0]), dynamic: self.dynamic }
+        ScalerState {
+            scale: self.scale.double_value(&[0]),
+            growth_tracker: self.growth_tracker.int64_value(&[0]),
+            dynamic: self.dynamic,
+        }
     }
 }
 
@@ -100,10 +110,24 @@ mod tests {
         assert!(!s.unscale(&g, None).unwrap());
         assert_eq!(Vec::<f32>::try_from(&g[0]).unwrap(), vec![4.0 / 65536.0, 1.0 / 65536.0]);
         s.update();
-        assert_eq!(s.state(), ScalerState { scale: 65536.0, growth_tracker: 1, dynamic: true });
+        assert_eq!(
+            s.state(),
+            ScalerState {
+                scale: 65536.0,
+                growth_tracker: 1,
+                dynamic: true
+            }
+        );
         assert!(s.unscale(&grads(&[f32::INFINITY, 1.0]), None).unwrap());
         s.update();
-        assert_eq!(s.state(), ScalerState { scale: 32768.0, growth_tracker: 0, dynamic: true });
+        assert_eq!(
+            s.state(),
+            ScalerState {
+                scale: 32768.0,
+                growth_tracker: 0,
+                dynamic: true
+            }
+        );
         assert!(s.unscale(&grads(&[f32::NAN]), None).unwrap());
     }
 
@@ -120,6 +144,9 @@ mod tests {
         assert_eq!(resolve("auto", Device::Cpu).unwrap(), None);
         assert_eq!(resolve("auto", Device::Cuda(0)).unwrap(), Some(Kind::Half));
         assert_eq!(resolve("bf16", Device::Cpu).unwrap(), Some(Kind::BFloat16));
-        assert!(resolve("fp16", Device::Cpu).unwrap_err().to_string().contains("--amp bf16"));
+        assert!(resolve("fp16", Device::Cpu)
+            .unwrap_err()
+            .to_string()
+            .contains("--amp bf16"));
     }
 }

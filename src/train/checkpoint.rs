@@ -68,7 +68,10 @@ pub fn load_state(dir: &Path) -> Result<CheckpointState> {
         Err(e) => bail_user!("--checkpoint {}: invalid {STATE_FILE}: {e}", dir.display()),
     };
     if state.mean.len() != 3 || state.std.len() != 3 || state.classes.is_empty() {
-        bail_user!("--checkpoint {}: {STATE_FILE} needs three mean and std values and at least one class", dir.display());
+        bail_user!(
+            "--checkpoint {}: {STATE_FILE} needs three mean and std values and at least one class",
+            dir.display()
+        );
     }
     Ok(state)
 }
@@ -77,6 +80,8 @@ pub fn load_state(dir: &Path) -> Result<CheckpointState> {
 pub fn load(dir: &Path, device: tch::Device) -> Result<(Model, CheckpointState)> {
     let state = load_state(dir)?;
     let mut model = Model::new(&state.model, state.classes.len() as i64, device)?;
-    model.load_safetensors(&dir.join(MODEL_FILE)).map_err(|e| crate::error::user_error(format!("--checkpoint {}: {e:#}", dir.display())))?;
+    model
+        .load_safetensors(&dir.join(MODEL_FILE))
+        .map_err(|e| crate::error::user_error(format!("--checkpoint {}: {e:#}", dir.display())))?;
     Ok((model, state))
 }

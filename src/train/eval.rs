@@ -20,7 +20,12 @@ pub struct EvalResult {
 
 /// Evaluates this process's shard of `loader`; with a process group, the sums and every
 /// prediction are combined over ranks, so each sample counts exactly once.
-pub fn evaluate(model: &Model, loader: &Loader, normalize: &Normalizer, pg: Option<&ProcessGroup>) -> Result<EvalResult> {
+pub fn evaluate(
+    model: &Model,
+    loader: &Loader,
+    normalize: &Normalizer,
+    pg: Option<&ProcessGroup>,
+) -> Result<EvalResult> {
     let mut loss_sum = 0.0;
     let mut top5 = 0i64;
     let (mut targets, mut preds, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
@@ -34,10 +39,16 @@ pub fn evaluate(model: &Model, loader: &Loader, normalize: &Normalizer, pg: Opti
             let x = normalize.apply(&batch.images);
             let y = batch.labels.to_device(x.device());
             let logits = model.forward(&x, false).to_kind(Kind::Float);
-            loss_sum += logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Sum, -100, 0.0).double_value(&[]);
+            loss_sum += logits
+                .cross_entropy_loss::<Tensor>(&y, None, Reduction::Sum, -100, 0.0)
+                .double_value(&[]);
             let k = logits.size()[1].min(5);
             let (_, topk) = logits.topk(k, 1, true, true);
-            top5 += topk.eq_tensor(&y.unsqueeze(1)).any_dim(1, false).sum(Kind::Int64).int64_value(&[]);
+            top5 += topk
+                .eq_tensor(&y.unsqueeze(1))
+                .any_dim(1, false)
+                .sum(Kind::Int64)
+                .int64_value(&[]);
             preds.extend(Vec::<i64>::try_from(topk.select(1, 0).to_device(Device::Cpu))?);
             targets.extend(Vec::<i64>::try_from(&batch.labels)?);
         }
@@ -53,7 +64,14 @@ pub fn evaluate(model: &Model, loader: &Loader, normalize: &Normalizer, pg: Opti
     }
     let n = targets.len().max(1) as f64;
     let correct = targets.iter().zip(&preds).filter(|(t, p)| t == p).count();
-    Ok(EvalResult { loss: loss_sum / n, top1: correct as f64 / n, top5: top5 as f64 / n, targets, preds, skipped })
+    Ok(EvalResult {
+        loss: loss_sum / n,
+        top1: correct as f64 / n,
+        top5: top5 as f64 / n,
+        targets,
+        preds,
+        skipped,
+    })
 }
 
 /// Every rank's values, concatenated in rank order (shards may differ in length).
@@ -63,9 +81,14 @@ fn gather_i64(pg: &ProcessGroup, values: &[i64]) -> Result<Vec<i64>> {
     let max = len.int64_value(&[0]);
     let padded = Tensor::full([max], -1i64, (Kind::Int64, Device::Cpu));
     if !values.is_empty() {
-        padded.narrow(0, 0, values.len() as i64).copy_(&Tensor::from_slice(values));
+        padded
+            .narrow(0, 0, values.len() as i64)
+            .copy_(&Tensor::from_slice(values));
     }
     let out = Tensor::zeros([pg.world_size as i64, max], (Kind::Int64, Device::Cpu));
     pg.all_gather(&out, &padded)?;
-    Ok(Vec::<i64>::try_from(out.flatten(0, -1))?.into_iter().filter(|&v| v >= 0).collect())
+    Ok(Vec::<i64>::try_from(out.flatten(0, -1))?
+        .into_iter()
+        .filter(|&v| v >= 0)
+        .collect())
 }

@@ -16,8 +16,8 @@ use crate::atomic;
 use crate::config::{resolve_device, TrainConfig};
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{Batch, Loader, LoaderOptions, Shard};
-use crate::data::Normalizer;
 use crate::data::transform::Transform;
+use crate::data::Normalizer;
 use crate::dist::ddp::Ddp;
 use crate::dist::launcher::DEVICE_VAR;
 use crate::dist::process_group::{nccl_available, Backend, ProcessGroup, ReduceOp};
@@ -105,12 +105,20 @@ fn fmt_duration(s: f64) -> String {
 pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     cfg.validate()?;
     let mut device = resolve_device(&cfg.device)?;
-    let (rank, world, local_world) = dist.map(|d| (d.env.rank, d.env.world_size, d.env.local_world_size)).unwrap_or((0, 1, 1));
+    let (rank, world, local_world) = dist
+        .map(|d| (d.env.rank, d.env.world_size, d.env.local_world_size))
+        .unwrap_or((0, 1, 1));
     if let (Device::Cuda(_), Some(d)) = (device, dist) {
         // Each worker pins itself to GPU local_rank, or to the one `--devices` gave it.
-        let idx = std::env::var(DEVICE_VAR).ok().and_then(|v| v.parse().ok()).unwrap_or(d.env.local_rank);
+        let idx = std::env::var(DEVICE_VAR)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d.env.local_rank);
         if idx as i64 >= tch::Cuda::device_count() {
-            return Err(user_error(format!("rank {rank} needs CUDA device {idx}, but {} are visible", tch::Cuda::device_count())));
+            return Err(user_error(format!(
+                "rank {rank} needs CUDA device {idx}, but {} are visible",
+                tch::Cuda::device_count()
+            )));
         }
         device = Device::Cuda(idx);
     }
@@ -119,7 +127,10 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         crate::report::progress::set_quiet(true); // only rank 0 reports; errors still go to stderr
     }
     if cfg.batch_size % world != 0 {
-        return Err(user_error(format!("--batch-size {} (the global batch) must be divisible by the world size {world}", cfg.batch_size)));
+        return Err(user_error(format!(
+            "--batch-size {} (the global batch) must be divisible by the world size {world}",
+            cfg.batch_size
+        )));
     }
     let rank_batch = cfg.batch_size / world;
     // The node's cores are shared among its ranks, for data workers and (as torchrun does)
@@ -182,8 +193,20 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     )?;
     let val_loader = Loader::new(
         val_samples,
-        Transform::Eval { size: cfg.img_size, resize: cfg.eval_resize() },
-        LoaderOptions { batch_size: rank_batch, shuffle: false, drop_last: false, seed: cfg.seed, workers, prefetch: cfg.prefetch, skip_unreadable: !cfg.strict, shard: shard(false) },
+        Transform::Eval {
+            size: cfg.img_size,
+            resize: cfg.eval_resize(),
+        },
+        LoaderOptions {
+            batch_size: rank_batch,
+            shuffle: false,
+            drop_last: false,
+            seed: cfg.seed,
+            workers,
+            prefetch: cfg.prefetch,
+            skip_unreadable: !cfg.strict,
+            shard: shard(false),
+        },
     )?;
 
     // ---- run directory: rank 0 alone writes
@@ -219,7 +242,12 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     }
     let mut opt = optim::build(cfg, &model.vs)?;
     // Frozen parameters get no gradient: leave them out of clipping, scaling and all-reduce.
-    let params: Vec<Tensor> = model.vs.trainable_variables().into_iter().filter(|p| p.requires_grad()).collect();
+    let params: Vec<Tensor> = model
+        .vs
+        .trainable_variables()
+        .into_iter()
+        .filter(|p| p.requires_grad())
+        .collect();
     let buffers: Vec<Tensor> = {
         let vars = model.vs.variables();
         let mut names: Vec<&String> = vars.keys().filter(|k| !vars[*k].requires_grad()).collect();
@@ -230,7 +258,11 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     // ---- data parallelism: rendezvous, then every replica starts from rank 0's state
     let ddp = match dist {
         Some(d) => {
-            let backend = if device.is_cuda() && nccl_available() { Backend::Nccl } else { Backend::Gloo };
+            let backend = if device.is_cuda() && nccl_available() {
+                Backend::Nccl
+            } else {
+                Backend::Gloo
+            };
             let pg = ProcessGroup::new(backend, &d.env.master_addr, d.env.master_port, rank, world, d.timeout)?;
             let ddp = Ddp::new(pg, &params, d.bucket_mb, d.grad_compress)?;
             ddp.broadcast_state(&model.vs)?;
@@ -425,17 +457,17 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             plots::training_curves(&run_dir.join("curves.png"), &rows)?;
             let e = (epoch + 1) as i64;
             for (tag, v) in [
-            ("epoch/train_loss", train_loss),
-            ("epoch/train_top1", train_top1),
-            ("epoch/val_loss", ev.loss),
-            ("epoch/val_top1", ev.top1),
-            ("epoch/val_top5", ev.top5),
-            ("epoch/lr", lr),
-            ("epoch/images_per_s", row.images_per_s),
-            ("epoch/seconds", row.seconds),
-            ("epoch/allreduce_share", comm_share.unwrap_or(0.0)),
-            ("epoch/amp_skipped_steps", skipped_steps as f64),
-            ("epoch/unreadable_images", unreadable as f64),
+                ("epoch/train_loss", train_loss),
+                ("epoch/train_top1", train_top1),
+                ("epoch/val_loss", ev.loss),
+                ("epoch/val_top1", ev.top1),
+                ("epoch/val_top5", ev.top5),
+                ("epoch/lr", lr),
+                ("epoch/images_per_s", row.images_per_s),
+                ("epoch/seconds", row.seconds),
+                ("epoch/allreduce_share", comm_share.unwrap_or(0.0)),
+                ("epoch/amp_skipped_steps", skipped_steps as f64),
+                ("epoch/unreadable_images", unreadable as f64),
             ] {
                 tb.scalar(tag, v, e)?;
             }
@@ -461,7 +493,12 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     }
     let (best_epoch, best_ev) = best.expect("epochs >= 1");
     let report = if is_main {
-        write_evaluation(&run_dir, &classes, &best_ev, &format!("{} — validation, best epoch {best_epoch}", cfg.model))?
+        write_evaluation(
+            &run_dir,
+            &classes,
+            &best_ev,
+            &format!("{} — validation, best epoch {best_epoch}", cfg.model),
+        )?
     } else {
         ClassificationReport::new(&classes, &best_ev.targets, &best_ev.preds)
     };

@@ -8,11 +8,23 @@ use crate::config::{OptimizerKind, TrainConfig};
 pub fn build(cfg: &TrainConfig, vs: &nn::VarStore) -> Result<nn::Optimizer> {
     let wd = cfg.weight_decay;
     Ok(match cfg.optimizer {
-        OptimizerKind::Sgd => {
-            nn::Sgd { momentum: cfg.momentum, dampening: 0.0, wd, nesterov: cfg.nesterov }.build(vs, cfg.lr)?
+        OptimizerKind::Sgd => nn::Sgd {
+            momentum: cfg.momentum,
+            dampening: 0.0,
+            wd,
+            nesterov: cfg.nesterov,
         }
-        OptimizerKind::Adam => nn::Adam { wd, ..Default::default() }.build(vs, cfg.lr)?,
-        OptimizerKind::Adamw => nn::AdamW { wd, ..Default::default() }.build(vs, cfg.lr)?,
+        .build(vs, cfg.lr)?,
+        OptimizerKind::Adam => nn::Adam {
+            wd,
+            ..Default::default()
+        }
+        .build(vs, cfg.lr)?,
+        OptimizerKind::Adamw => nn::AdamW {
+            wd,
+            ..Default::default()
+        }
+        .build(vs, cfg.lr)?,
     })
 }
 

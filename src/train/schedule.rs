@@ -55,7 +55,16 @@ mod tests {
     use super::*;
 
     fn cfg(kind: SchedKind, warmup: f64) -> TrainConfig {
-        TrainConfig { sched: kind, lr: 0.1, epochs: 10, warmup_epochs: warmup, eta_min: 0.001, step_size: 3, gamma: 0.5, ..Default::default() }
+        TrainConfig {
+            sched: kind,
+            lr: 0.1,
+            epochs: 10,
+            warmup_epochs: warmup,
+            eta_min: 0.001,
+            step_size: 3,
+            gamma: 0.5,
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -11,7 +11,11 @@ pub fn python() -> String {
 
 pub fn run_python(args: &[&str]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/torchvision_reference.py");
-    let out = Command::new(python()).arg(script).args(args).output().expect("running the reference Python");
+    let out = Command::new(python())
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("running the reference Python");
     assert!(
         out.status.success(),
         "reference Python failed (run the tests through scripts/test.sh so torch is available):\n{}",
@@ -28,5 +32,8 @@ pub fn shared_data(rel: &str) -> PathBuf {
 }
 
 pub fn ringtrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ringtrain")).args(args).output().expect("running ringtrain")
+    Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(args)
+        .output()
+        .expect("running ringtrain")
 }
