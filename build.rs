@@ -13,6 +13,7 @@ fn main() {
         "csrc/shim.cpp",
         "csrc/dist.cpp",
         "csrc/sync_bn.cpp",
+        "csrc/optim.cpp",
         "csrc/shim.h",
         "csrc/pg.h",
         "csrc/error.h",
@@ -27,6 +28,7 @@ fn main() {
         .file("csrc/shim.cpp")
         .file("csrc/dist.cpp")
         .file("csrc/sync_bn.cpp")
+        .file("csrc/optim.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", "1")

@@ -95,6 +95,13 @@ int rt_set_grad(rt_tensor* param, rt_tensor* grad) {
   });
 }
 
+int rt_clear_grads(rt_tensor** params, int n) {
+  return guarded([&] {
+    for (int i = 0; i < n; ++i) params[i]->mutable_grad().reset();
+    return 0;
+  });
+}
+
 int64_t rt_cuda_peak_memory(int device, int reset) {
 #ifdef RT_WITH_CUDA
   return rt_guard<int64_t>([&]() -> int64_t {

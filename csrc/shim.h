@@ -38,6 +38,8 @@ int rt_amp_unscale(rt_tensor** grads, int n, rt_tensor* found_inf, rt_tensor* in
 // Makes `grad` (e.g. a view into a flat bucket) the parameter's .grad: autograd then
 // accumulates into it in place, so gradients land in the bucket with no copy.
 int rt_set_grad(rt_tensor* param, rt_tensor* grad);
+// zero_grad(set_to_none=True): the gradients become undefined.
+int rt_clear_grads(rt_tensor** params, int n);
 
 // Peak bytes allocated by the CUDA caching allocator on `device` since the last reset
 // (reset != 0 resets and returns 0); -1 without CUDA.
@@ -47,6 +49,19 @@ int64_t rt_cuda_peak_memory(int device, int reset);
 const char* rt_torch_version(void);
 int64_t rt_cuda_runtime_version(void);
 int64_t rt_cudnn_version(void);
+
+// ---- Fused optimizer steps (optim.cpp), as torch.optim's fused=True. Tensors of one call share
+// a device and dtype. grad_scale (optional): gradients are divided by it inside the kernel.
+// found_inf (optional, 1 element): when it holds 1 the whole step is skipped on the device,
+// with no host synchronisation. bufs is null when momentum is 0; first_step copies the
+// gradient into the buffers (torch's first-step rule). Adam's step counters are float32
+// scalars; decoupled != 0 selects AdamW.
+int rt_fused_sgd(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, double weight_decay,
+                 double momentum, double lr, double dampening, int nesterov, int first_step,
+                 rt_tensor* grad_scale, rt_tensor* found_inf);
+int rt_fused_adam(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, rt_tensor** exp_avg_sqs,
+                  rt_tensor** steps, int n, double lr, double beta1, double beta2, double weight_decay,
+                  double eps, int decoupled, rt_tensor* grad_scale, rt_tensor* found_inf);
 
 // ---- c10d (dist.cpp): TCPStore rendezvous + a Gloo or NCCL process group.
 typedef struct rt_pg rt_pg;

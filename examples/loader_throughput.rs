@@ -19,6 +19,7 @@ fn main() -> anyhow::Result<()> {
         scale: (0.08, 1.0),
         ratio: (0.75, 4.0 / 3.0),
         hflip: true,
+        erase: None,
     };
     let loader = Loader::new(
         folder.samples,

@@ -112,9 +112,80 @@ pub fn write_dir(target: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Resul
     result
 }
 
+/// After a kill inside `write_dir`'s fallback path (filesystems without RENAME_EXCHANGE), the
+/// previous `target` may exist only as its moved-aside copy: move it back.
+pub fn recover_dir(target: &Path) -> Result<()> {
+    if target.exists() {
+        return Ok(());
+    }
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let prefix = format!(".{name}.old.tmp-");
+    let Ok(entries) = fs::read_dir(parent(target)) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) && e.path().is_dir() {
+            match fs::rename(e.path(), target) {
+                Ok(()) => return fsync_dir(&parent(target)),
+                // Another rank of the same job put it back first.
+                Err(_) if target.exists() => return Ok(()),
+                Err(err) => bail!("restoring {} from {}: {err}", target.display(), e.path().display()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes the temporary files and directories that writes killed midway left in `dir`
+/// (names `.<target>.tmp-<pid>`). Only the process that owns `dir`'s writes calls this.
+pub fn remove_stale_temps(dir: &Path) -> Result<()> {
+    for e in fs::read_dir(dir)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with('.') && name.contains(".tmp-")) {
+            continue;
+        }
+        let p = e.path();
+        let r = if p.is_dir() {
+            fs::remove_dir_all(&p)
+        } else {
+            fs::remove_file(&p)
+        };
+        r.with_context(|| format!("removing the stale temporary {}", p.display()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_moved_aside_checkpoint_is_recovered_and_stale_temps_go() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("last");
+        // What a kill between write_dir's two fallback renames leaves behind.
+        let aside = d.path().join(".last.old.tmp-4242");
+        fs::create_dir(&aside).unwrap();
+        fs::write(aside.join("state.json"), b"{}").unwrap();
+        let half = d.path().join(".last.tmp-4243");
+        fs::create_dir(&half).unwrap();
+        fs::write(half.join("model.safetensors"), b"partial").unwrap();
+        fs::write(d.path().join(".metrics.csv.tmp-4243"), b"partial").unwrap();
+        recover_dir(&t).unwrap();
+        assert_eq!(fs::read(t.join("state.json")).unwrap(), b"{}");
+        remove_stale_temps(d.path()).unwrap();
+        let names: Vec<String> = fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["last"]);
+        // An existing target is left alone.
+        recover_dir(&t).unwrap();
+        assert!(t.join("state.json").is_file());
+    }
 
     #[test]
     fn file_is_replaced_whole_and_no_temp_is_left() {

@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
-use tch::nn::OptimizerConfig;
-use tch::{nn, Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::model::Model;
 use crate::shim;
 use crate::train::amp::GradScaler;
+use crate::train::optim::{Optimizer, Placement};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -57,13 +57,26 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
         x = shim::to_channels_last(&x)?;
     }
     let y = Tensor::randint(1000, [o.batch_size as i64], (Kind::Int64, o.device));
-    let mut opt = nn::Sgd {
+    let named: Vec<(String, Tensor)> = model
+        .vs
+        .variables()
+        .into_iter()
+        .filter(|(_, v)| v.requires_grad())
+        .collect();
+    let cfg = crate::config::TrainConfig {
+        lr: 0.1,
         momentum: 0.9,
+        weight_decay: 0.0,
         ..Default::default()
-    }
-    .build(&model.vs, 0.1)?;
+    };
+    let no_decay = Default::default();
+    let placement = Placement {
+        head_prefix: model.head_prefix(),
+        head_lr_mult: 1.0,
+        no_decay: &no_decay,
+    };
+    let mut opt = Optimizer::new(&cfg, &named, &placement);
     let mut scaler = (o.amp == Some(Kind::Half)).then(|| GradScaler::new(o.device, None));
-    let params = model.vs.trainable_variables();
     if let Device::Cuda(i) = o.device {
         shim::reset_cuda_peak_memory(i);
     }
@@ -84,25 +97,16 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
                 .cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, 0.0)
                 .to_kind(Kind::Float)
         };
-        opt.zero_grad();
+        opt.zero_grad()?;
         match &scaler {
             Some(s) => s.scale_loss(&loss).f_backward()?,
             None => loss.f_backward()?,
         }
-        let skip = match scaler.as_mut() {
-            Some(s) => s.unscale(
-                &params
-                    .iter()
-                    .map(|p| p.grad())
-                    .filter(|g| g.defined())
-                    .collect::<Vec<_>>(),
-                None,
-            )?,
-            None => false,
+        let found_inf = match scaler.as_mut() {
+            Some(s) => Some(s.unscale(&opt.params().map(|p| p.grad()).collect::<Vec<_>>(), None)?),
+            None => None,
         };
-        if !skip {
-            opt.step();
-        }
+        opt.step(0.1, found_inf.as_ref())?;
         if let Some(s) = scaler.as_mut() {
             s.update();
         }

@@ -153,6 +153,9 @@ struct PredictArgs {
     /// Classes and probabilities listed per image.
     #[arg(long, default_value_t = 5)]
     topk: usize,
+    /// Also write each class's raw logit (columns logit_<class>), at full float precision.
+    #[arg(long)]
+    logits: bool,
     #[command(flatten)]
     infer: InferArgs,
 }
@@ -307,6 +310,72 @@ struct TrainArgs {
     /// Learning rate of the classifier head as a multiple of --lr (e.g. 10) [1].
     #[arg(long)]
     head_lr_mult: Option<f64>,
+    /// No weight decay on BatchNorm weights and biases.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    no_bn_weight_decay: Option<bool>,
+    /// Mixup alpha (timm's mixup_alpha, e.g. 0.8); 0 is off [0].
+    #[arg(long)]
+    mixup_alpha: Option<f64>,
+    /// CutMix alpha (timm's cutmix_alpha, e.g. 1.0); 0 is off [0].
+    #[arg(long)]
+    cutmix_alpha: Option<f64>,
+    /// Probability that a batch is mixed [1].
+    #[arg(long)]
+    mix_prob: Option<f64>,
+    /// With Mixup and CutMix both on: probability of CutMix [0.5].
+    #[arg(long)]
+    mix_switch_prob: Option<f64>,
+    /// RandomErasing probability per training image, e.g. 0.25 [0].
+    #[arg(long)]
+    random_erasing: Option<f64>,
+    /// RandomErasing fill: const (the mean colour, torchvision's value=0) or pixel (timm's noise) [const].
+    #[arg(long, value_enum)]
+    random_erasing_mode: Option<crate::data::erasing::EraseMode>,
+    /// Multistep schedule: epochs at which the LR is multiplied by --gamma, e.g. 30,60,80.
+    #[arg(long, value_delimiter = ',')]
+    milestones: Option<Vec<usize>>,
+    /// From this epoch (1-based) on, keep the LR at --constant-lr [eta-min].
+    #[arg(long)]
+    constant_lr_from_epoch: Option<usize>,
+    #[arg(long)]
+    constant_lr: Option<f64>,
+    /// ReduceLROnPlateau (--sched plateau): LR factor [0.1], patience in epochs [10], relative
+    /// threshold [1e-4], cooldown epochs [0], floor [0].
+    #[arg(long)]
+    plateau_factor: Option<f64>,
+    #[arg(long)]
+    plateau_patience: Option<usize>,
+    #[arg(long)]
+    plateau_threshold: Option<f64>,
+    #[arg(long)]
+    plateau_cooldown: Option<usize>,
+    #[arg(long)]
+    min_lr: Option<f64>,
+    /// Metric that picks the best checkpoint and drives plateau and early stopping [val_top1].
+    #[arg(long, value_enum)]
+    monitor: Option<config::Metric>,
+    /// Stop after this many epochs without improvement of --monitor.
+    #[arg(long)]
+    early_stop_patience: Option<usize>,
+    /// Exponential moving average of the weights with this decay (e.g. 0.9998), evaluated
+    /// each epoch and saved beside the model.
+    #[arg(long)]
+    ema: Option<f64>,
+    /// Micro-batches per optimizer step (effective batch = batch-size × accum-steps) [1].
+    #[arg(long)]
+    accum_steps: Option<usize>,
+    /// Save last/ every N optimizer steps too, not only at epoch ends.
+    #[arg(long)]
+    save_every_steps: Option<usize>,
+    /// Keep the last N epochs' checkpoints as epoch-NNNN/ [0].
+    #[arg(long)]
+    keep: Option<usize>,
+    /// Continue a run: `auto` (the --out run's last/ checkpoint, or a new run if there is none)
+    /// or a checkpoint directory. Model, optimizer, schedule, scaler, EMA and data position are
+    /// restored, mid-epoch included.
+    #[arg(long)]
+    #[serde(skip)]
+    resume: Option<String>,
 }
 
 #[derive(Args)]
@@ -326,7 +395,9 @@ struct DemoArgs {
 fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     let file = args.config.as_deref().map(config::read_toml).transpose()?;
     let flags = toml::Table::try_from(args).map_err(|e| user_error(format!("invalid flags: {e}")))?;
-    config::resolve(file, flags)
+    let mut cfg = config::resolve(file, flags)?;
+    cfg.resume = args.resume.clone();
+    Ok(cfg)
 }
 
 /// Images per class and size of the demo data set.
@@ -382,11 +453,16 @@ fn demo(args: &DemoArgs) -> Result<()> {
         ..Default::default()
     };
     let summary = crate::train::run(&cfg, None)?;
-    say!(
-        "\nclassification report (best epoch {}):\n{}",
-        summary.best_epoch,
-        summary.report.to_text()
-    );
+    if let Some(sig) = summary.interrupted {
+        return Err(anyhow::Error::new(ExitCode(128 + sig)));
+    }
+    if let Some(r) = &summary.report {
+        say!(
+            "\nclassification report (best epoch {}):\n{}",
+            summary.best_epoch,
+            r.to_text()
+        );
+    }
     Ok(())
 }
 
@@ -503,6 +579,7 @@ fn predict(args: &PredictArgs) -> Result<()> {
         inputs: args.inputs.clone(),
         out: args.out.clone(),
         topk: args.topk,
+        logits: args.logits,
         batch_size: args.infer.batch_size,
         device: config::resolve_device(&args.infer.device)?,
         workers: workers(args.infer.workers),
@@ -684,10 +761,18 @@ fn bench(a: &BenchArgs) -> Result<()> {
         o.channels_last,
         o.steps
     );
+    // Four significant figures or more, so the printed figures give the printed ratio.
+    let rate = |x: f64| {
+        if x >= 100.0 {
+            format!("{x:.1}")
+        } else {
+            format!("{x:.4}")
+        }
+    };
     let ours = crate::bench::run(&o)?;
     say!(
-        "ringtrain: {:.1} img/s{}",
-        ours.images_per_s,
+        "ringtrain: {} img/s{}",
+        rate(ours.images_per_s),
         mem(ours.peak_memory_bytes)
     );
     if a.vs_pytorch {
@@ -699,8 +784,8 @@ fn bench(a: &BenchArgs) -> Result<()> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_step.py");
         let theirs = crate::bench::run_pytorch(&o, &python, &script)?;
         say!(
-            "pytorch:   {:.1} img/s{}",
-            theirs.images_per_s,
+            "pytorch:   {} img/s{}",
+            rate(theirs.images_per_s),
             mem(theirs.peak_memory_bytes)
         );
         say!(
@@ -751,11 +836,16 @@ fn dispatch(cli: Cli) -> Result<()> {
                 Setup::Single => None,
             };
             let summary = crate::train::run(&cfg, dist.as_ref())?;
-            say!(
-                "\nclassification report (best epoch {}):\n{}",
-                summary.best_epoch,
-                summary.report.to_text()
-            );
+            if let Some(sig) = summary.interrupted {
+                return Err(anyhow::Error::new(ExitCode(128 + sig)));
+            }
+            if let Some(r) = &summary.report {
+                say!(
+                    "\nclassification report (best epoch {}):\n{}",
+                    summary.best_epoch,
+                    r.to_text()
+                );
+            }
             Ok(())
         }
         Some(Command::Demo(args)) => demo(&args),

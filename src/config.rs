@@ -26,6 +26,38 @@ pub enum SchedKind {
     Step,
     /// Constant after the warm-up.
     Constant,
+    /// lr * gamma^(number of milestones passed), milestones in epochs.
+    Multistep,
+    /// ReduceLROnPlateau on the monitored metric, once per epoch.
+    Plateau,
+}
+
+/// The validation metric that picks the best checkpoint and drives ReduceLROnPlateau and early
+/// stopping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Metric {
+    ValTop1,
+    ValTop5,
+    ValLoss,
+    ValMacroF1,
+}
+
+impl Metric {
+    /// Whether smaller values are better.
+    pub fn minimise(self) -> bool {
+        self == Metric::ValLoss
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::ValTop1 => "val_top1",
+            Metric::ValTop5 => "val_top5",
+            Metric::ValLoss => "val_loss",
+            Metric::ValMacroF1 => "val_macro_f1",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,8 +88,43 @@ pub struct TrainConfig {
     pub t_max: Option<f64>,
     pub step_size: usize,
     pub gamma: f64,
+    /// Multistep: the epochs at which the LR is multiplied by gamma.
+    pub milestones: Vec<usize>,
+    /// From this epoch (1-based) on, the LR stays at `constant_lr` (default eta_min).
+    pub constant_lr_from_epoch: Option<usize>,
+    pub constant_lr: Option<f64>,
+    /// ReduceLROnPlateau (torch's defaults): factor, patience, relative threshold, cooldown, min_lr.
+    pub plateau_factor: f64,
+    pub plateau_patience: usize,
+    pub plateau_threshold: f64,
+    pub plateau_cooldown: usize,
+    pub min_lr: f64,
+    /// Picks the best checkpoint; also drives plateau and early stopping.
+    pub monitor: Metric,
+    /// Stop after this many epochs without improvement of `monitor`.
+    pub early_stop_patience: Option<usize>,
+    /// Keep an exponential moving average of the weights with this decay (e.g. 0.9998),
+    /// evaluated each epoch and saved in checkpoints as model_ema.safetensors.
+    pub ema: Option<f64>,
+    /// Micro-batches per optimizer step: the effective batch is batch_size × accum_steps.
+    pub accum_steps: usize,
+    /// No weight decay on BatchNorm weights and biases.
+    pub no_bn_weight_decay: bool,
+    /// Also save `last` every N optimizer steps (mid-epoch), not only at epoch ends.
+    pub save_every_steps: Option<usize>,
+    /// Keep the checkpoints of the last N epochs as epoch-NNNN/ besides last/ and best/.
+    pub keep: usize,
     /// Clip gradients to this global L2 norm.
     pub clip_grad_norm: Option<f64>,
+    /// Mixup / CutMix with timm's semantics (batch mode, on the device): active when an alpha
+    /// is > 0; `mix_prob` of the batches are mixed, CutMix with `mix_switch_prob` when both are on.
+    pub mixup_alpha: f64,
+    pub cutmix_alpha: f64,
+    pub mix_prob: f64,
+    pub mix_switch_prob: f64,
+    /// RandomErasing probability per training image (0: off), and its fill.
+    pub random_erasing: f64,
+    pub random_erasing_mode: crate::data::erasing::EraseMode,
     /// RandomResizedCrop area range.
     pub crop_scale: Vec<f64>,
     pub hflip: bool,
@@ -88,6 +155,9 @@ pub struct TrainConfig {
     pub freeze: Vec<String>,
     /// The classifier head's learning rate, as a multiple of --lr.
     pub head_lr_mult: f64,
+    /// `--resume auto|DIR`: a run-control flag, not a setting of the run (never saved).
+    #[serde(skip)]
+    pub resume: Option<String>,
 }
 
 impl Default for TrainConfig {
@@ -114,7 +184,28 @@ impl Default for TrainConfig {
             t_max: None,
             step_size: 30,
             gamma: 0.1,
+            milestones: Vec::new(),
+            constant_lr_from_epoch: None,
+            constant_lr: None,
+            plateau_factor: 0.1,
+            plateau_patience: 10,
+            plateau_threshold: 1e-4,
+            plateau_cooldown: 0,
+            min_lr: 0.0,
+            monitor: Metric::ValTop1,
+            early_stop_patience: None,
+            ema: None,
+            accum_steps: 1,
+            no_bn_weight_decay: false,
+            save_every_steps: None,
+            keep: 0,
             clip_grad_norm: None,
+            mixup_alpha: 0.0,
+            cutmix_alpha: 0.0,
+            mix_prob: 1.0,
+            mix_switch_prob: 0.5,
+            random_erasing: 0.0,
+            random_erasing_mode: crate::data::erasing::EraseMode::Const,
             crop_scale: vec![0.08, 1.0],
             hflip: true,
             mean: crate::data::IMAGENET_MEAN.to_vec(),
@@ -132,6 +223,7 @@ impl Default for TrainConfig {
             pretrained: None,
             freeze: Vec::new(),
             head_lr_mult: 1.0,
+            resume: None,
         }
     }
 }
@@ -195,6 +287,19 @@ impl TrainConfig {
     pub fn eval_resize(&self) -> u32 {
         self.eval_resize
             .unwrap_or(((self.img_size as f64) / 0.875).round() as u32)
+    }
+
+    /// Mixup/CutMix settings when either is on.
+    pub fn mixup(&self, num_classes: i64) -> Option<crate::data::mixup::MixupConfig> {
+        (self.mixup_alpha > 0.0 || self.cutmix_alpha > 0.0).then(|| crate::data::mixup::MixupConfig {
+            mixup_alpha: self.mixup_alpha,
+            cutmix_alpha: self.cutmix_alpha,
+            prob: self.mix_prob,
+            switch_prob: self.mix_switch_prob,
+            label_smoothing: self.label_smoothing,
+            num_classes,
+            correct_lam: true,
+        })
     }
 
     pub fn t_max(&self) -> f64 {
@@ -282,6 +387,52 @@ impl TrainConfig {
         if self.step_size == 0 || !pos(self.gamma) {
             bail_user!("--step-size must be >= 1 and --gamma > 0");
         }
+        if self.sched == SchedKind::Multistep && self.milestones.is_empty() {
+            bail_user!("--sched multistep needs --milestones, e.g. --milestones 30,60,80");
+        }
+        if self.milestones.windows(2).any(|w| w[0] >= w[1]) || self.milestones.first() == Some(&0) {
+            bail_user!("--milestones must be increasing epochs >= 1, got {:?}", self.milestones);
+        }
+        if self.constant_lr_from_epoch == Some(0) {
+            bail_user!("--constant-lr-from-epoch counts epochs from 1");
+        }
+        if let Some(c) = self.constant_lr {
+            if !nonneg(c) {
+                bail_user!("--constant-lr must be >= 0, got {c}");
+            }
+        }
+        if !(self.plateau_factor > 0.0 && self.plateau_factor < 1.0) {
+            bail_user!("--plateau-factor must be in (0, 1), got {}", self.plateau_factor);
+        }
+        if !nonneg(self.plateau_threshold) || !nonneg(self.min_lr) {
+            bail_user!("--plateau-threshold and --min-lr must be >= 0");
+        }
+        if self.early_stop_patience == Some(0) {
+            bail_user!("--early-stop-patience must be at least 1");
+        }
+        if let Some(d) = self.ema {
+            if !(d > 0.0 && d < 1.0) {
+                bail_user!("--ema (the decay) must be in (0, 1), e.g. 0.9998; got {d}");
+            }
+        }
+        if !nonneg(self.mixup_alpha) || !nonneg(self.cutmix_alpha) {
+            bail_user!("--mixup-alpha and --cutmix-alpha must be >= 0");
+        }
+        for (flag, v) in [
+            ("--mix-prob", self.mix_prob),
+            ("--mix-switch-prob", self.mix_switch_prob),
+            ("--random-erasing", self.random_erasing),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                bail_user!("{flag} must be a probability in [0, 1], got {v}");
+            }
+        }
+        if self.accum_steps == 0 {
+            bail_user!("--accum-steps must be at least 1");
+        }
+        if self.save_every_steps == Some(0) {
+            bail_user!("--save-every-steps must be at least 1");
+        }
         if let Some(c) = self.clip_grad_norm {
             if !pos(c) {
                 bail_user!("--clip-grad-norm must be positive, got {c}");
@@ -319,7 +470,7 @@ impl TrainConfig {
         if !pos(self.head_lr_mult) {
             bail_user!("--head-lr-mult must be positive, got {}", self.head_lr_mult);
         }
-        if self.holds_run() && !self.overwrite {
+        if self.holds_run() && !self.overwrite && self.resume.is_none() {
             bail_user!(
                 "--out {} already holds a run (checkpoints in last/ or best/); choose another --out, or pass --overwrite to replace it",
                 self.out.display()

@@ -82,6 +82,8 @@ pub struct PredictOptions {
     pub inputs: Vec<PathBuf>,
     pub out: PathBuf,
     pub topk: usize,
+    /// Keep every class's logit (written as logit_<class> columns).
+    pub logits: bool,
     pub batch_size: usize,
     pub device: Device,
     pub workers: usize,
@@ -93,6 +95,8 @@ pub struct Prediction {
     pub label: Option<usize>,
     /// (class index, probability), best first.
     pub top: Vec<(usize, f64)>,
+    /// The model's output for every class, with `--logits`.
+    pub logits: Option<Vec<f32>>,
 }
 
 pub struct PredictSummary {
@@ -147,8 +151,14 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
                 continue;
             }
             let x = normalize.apply(&batch.images);
-            let probs = model.forward(&x, false).to_kind(Kind::Float).softmax(-1, Kind::Float);
+            let logits = model.forward(&x, false).to_kind(Kind::Float);
+            let probs = logits.softmax(-1, Kind::Float);
             let (p, idx) = probs.topk(k as i64, 1, true, true);
+            let all = match o.logits {
+                true => Some(Vec::<f32>::try_from(logits.to_device(Device::Cpu).flatten(0, -1))?),
+                false => None,
+            };
+            let n = state.classes.len();
             let p = Vec::<f64>::try_from(p.to_kind(Kind::Double).to_device(Device::Cpu).flatten(0, -1))?;
             let idx = Vec::<i64>::try_from(idx.to_device(Device::Cpu).flatten(0, -1))?;
             for (row, &i) in batch.indices.iter().enumerate() {
@@ -157,6 +167,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
                     path: inputs.paths[i].clone(),
                     label: inputs.labels[i],
                     top,
+                    logits: all.as_ref().map(|v| v[row * n..(row + 1) * n].to_vec()),
                 });
             }
         }
@@ -171,7 +182,8 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
     Ok(summary)
 }
 
-/// path, predicted, probability, label, correct, then top-k class/probability pairs.
+/// path, predicted, probability, label, correct, then top-k class/probability pairs, then (with
+/// `--logits`) one logit_<class> column per class.
 fn write_csv(path: &Path, s: &PredictSummary, k: usize) -> Result<()> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let mut header = vec![
@@ -184,6 +196,10 @@ fn write_csv(path: &Path, s: &PredictSummary, k: usize) -> Result<()> {
     for j in 1..=k {
         header.push(format!("top{j}_class"));
         header.push(format!("top{j}_probability"));
+    }
+    let with_logits = s.predictions.first().is_some_and(|p| p.logits.is_some());
+    if with_logits {
+        header.extend(s.classes.iter().map(|c| format!("logit_{c}")));
     }
     w.write_record(&header)?;
     for p in &s.predictions {
@@ -199,6 +215,8 @@ fn write_csv(path: &Path, s: &PredictSummary, k: usize) -> Result<()> {
             rec.push(s.classes[c].clone());
             rec.push(format!("{pr:.6}"));
         }
+        // Shortest text that reads back as the same f32.
+        rec.extend(p.logits.iter().flatten().map(|l| format!("{l:e}")));
         w.write_record(&rec)?;
     }
     let bytes = w.into_inner().map_err(|e| anyhow::anyhow!("writing CSV: {e}"))?;

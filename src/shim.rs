@@ -25,6 +25,37 @@ mod ffi {
             inv_scale: *mut torch_sys::C_tensor,
         ) -> c_int;
         pub fn rt_set_grad(param: *mut torch_sys::C_tensor, grad: *mut torch_sys::C_tensor) -> c_int;
+        pub fn rt_clear_grads(params: *const *mut torch_sys::C_tensor, n: c_int) -> c_int;
+        pub fn rt_fused_sgd(
+            params: *const *mut torch_sys::C_tensor,
+            grads: *const *mut torch_sys::C_tensor,
+            bufs: *const *mut torch_sys::C_tensor,
+            n: c_int,
+            weight_decay: f64,
+            momentum: f64,
+            lr: f64,
+            dampening: f64,
+            nesterov: c_int,
+            first_step: c_int,
+            grad_scale: *mut torch_sys::C_tensor,
+            found_inf: *mut torch_sys::C_tensor,
+        ) -> c_int;
+        pub fn rt_fused_adam(
+            params: *const *mut torch_sys::C_tensor,
+            grads: *const *mut torch_sys::C_tensor,
+            exp_avgs: *const *mut torch_sys::C_tensor,
+            exp_avg_sqs: *const *mut torch_sys::C_tensor,
+            steps: *const *mut torch_sys::C_tensor,
+            n: c_int,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            weight_decay: f64,
+            eps: f64,
+            decoupled: c_int,
+            grad_scale: *mut torch_sys::C_tensor,
+            found_inf: *mut torch_sys::C_tensor,
+        ) -> c_int;
         pub fn rt_cuda_peak_memory(device: c_int, reset: c_int) -> i64;
         pub fn rt_torch_version() -> *const c_char;
         pub fn rt_cuda_runtime_version() -> i64;
@@ -161,6 +192,117 @@ pub fn amp_unscale(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> 
 /// Sets `param.grad = grad` (same shape); autograd accumulates into it in place from then on.
 pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<()> {
     check(unsafe { ffi::rt_set_grad(param.as_ptr() as *mut _, grad.as_ptr() as *mut _) })?;
+    Ok(())
+}
+
+/// `zero_grad(set_to_none=True)`: the parameters' gradients become undefined (no memset; the
+/// next backward allocates them).
+pub fn clear_grads(params: &[Tensor]) -> Result<()> {
+    let p = ptrs(params);
+    check(unsafe { ffi::rt_clear_grads(p.as_ptr(), p.len() as c_int) })?;
+    Ok(())
+}
+
+fn ptrs(ts: &[Tensor]) -> Vec<*mut torch_sys::C_tensor> {
+    ts.iter().map(|t| t.as_ptr() as *mut _).collect()
+}
+
+fn opt_ptr(t: Option<&Tensor>) -> *mut torch_sys::C_tensor {
+    t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut _)
+}
+
+/// SGD's hyper-parameters for `fused_sgd`.
+#[derive(Debug, Clone, Copy)]
+pub struct SgdParams {
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+}
+
+/// torch.optim.SGD(fused=True)'s step over one parameter list. `bufs` is empty when momentum is
+/// 0; `first_step` copies the gradients into the buffers instead of accumulating. With
+/// `found_inf` holding 1, nothing changes.
+pub fn fused_sgd(
+    params: &[Tensor],
+    grads: &[Tensor],
+    bufs: &[Tensor],
+    h: SgdParams,
+    first_step: bool,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
+    assert_eq!(params.len(), grads.len());
+    assert!(bufs.is_empty() || bufs.len() == params.len());
+    let (p, g, b) = (ptrs(params), ptrs(grads), ptrs(bufs));
+    check(unsafe {
+        ffi::rt_fused_sgd(
+            p.as_ptr(),
+            g.as_ptr(),
+            if b.is_empty() { std::ptr::null() } else { b.as_ptr() },
+            p.len() as c_int,
+            h.weight_decay,
+            h.momentum,
+            h.lr,
+            h.dampening,
+            h.nesterov as c_int,
+            first_step as c_int,
+            std::ptr::null_mut(),
+            opt_ptr(found_inf),
+        )
+    })?;
+    Ok(())
+}
+
+/// Adam's hyper-parameters for `fused_adam`; `decoupled` is AdamW.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamParams {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub decoupled: bool,
+}
+
+/// torch.optim.Adam/AdamW(fused=True)'s step over one parameter list (steps: float32 scalars,
+/// incremented here, and restored when `found_inf` holds 1 and the step is skipped).
+pub fn fused_adam(
+    params: &[Tensor],
+    grads: &[Tensor],
+    exp_avgs: &[Tensor],
+    exp_avg_sqs: &[Tensor],
+    steps: &[Tensor],
+    h: AdamParams,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
+    let n = params.len();
+    assert!(grads.len() == n && exp_avgs.len() == n && exp_avg_sqs.len() == n && steps.len() == n);
+    let (p, g, m, v, s) = (
+        ptrs(params),
+        ptrs(grads),
+        ptrs(exp_avgs),
+        ptrs(exp_avg_sqs),
+        ptrs(steps),
+    );
+    check(unsafe {
+        ffi::rt_fused_adam(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            s.as_ptr(),
+            n as c_int,
+            h.lr,
+            h.beta1,
+            h.beta2,
+            h.weight_decay,
+            h.eps,
+            h.decoupled as c_int,
+            std::ptr::null_mut(),
+            opt_ptr(found_inf),
+        )
+    })?;
     Ok(())
 }
 

@@ -24,7 +24,7 @@ fn grad_scaler_matches_pytorch_on_a_scripted_sequence() {
             1.0
         };
         let grad = Tensor::from_slice(&[g as f32, g as f32]) * scaler.state().scale;
-        let skipped = scaler.unscale(&[grad], None).unwrap();
+        let skipped = scaler.unscale(&[grad], None).unwrap().double_value(&[0]) > 0.0;
         scaler.update();
         assert_eq!(!skipped, *want_step, "step {k}: PyTorch stepped = {want_step}");
         assert_eq!(scaler.state().scale, *want_scale, "step {k}: scale");
@@ -107,7 +107,7 @@ fn bench_measures_ringtrain_and_pytorch_in_one_run() {
         "--device",
         "cpu",
         "--amp",
-        "bf16",
+        "off", // bf16 is emulated, and very slow, on CPUs without bf16 instructions
         "--vs-pytorch",
         "--python",
         &common::python(),

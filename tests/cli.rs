@@ -4,18 +4,7 @@ mod common;
 
 use std::path::Path;
 
-use common::ringtrain;
-
-fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
-    for (c, name) in classes.iter().enumerate() {
-        std::fs::create_dir_all(root.join(name)).unwrap();
-        for i in 0..per_class {
-            ringtrain::data::demo::render(c, 36, 3, i as u64)
-                .save(root.join(name).join(format!("{i}.png")))
-                .unwrap();
-        }
-    }
-}
+use common::{make_folder, ringtrain};
 
 /// Runs `train` with `extra` flags and expects a user error mentioning `needle`.
 fn expect_user_error(args: &[&str], needle: &str) {

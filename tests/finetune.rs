@@ -118,3 +118,67 @@ fn torchvision_weights_fine_tuned_with_new_head_frozen_layers_and_head_lr() {
         "{stderr}"
     );
 }
+
+/// The other direction: PyTorch loads ringtrain's weights into torchvision's resnet18 by name and
+/// gets the logits `ringtrain predict --logits` printed for the same images (images at the eval
+/// size, so both sides' Resize and CenterCrop are identities and only the network is compared).
+#[test]
+fn pytorch_loads_ringtrains_weights_and_gets_predicts_logits() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
+        std::fs::create_dir_all(data.join(name)).unwrap();
+        for i in 0..6 {
+            ringtrain::data::demo::render(c, 64, 6, i)
+                .save(data.join(name).join(format!("{i}.png")))
+                .unwrap();
+        }
+    }
+    let out = d.path().join("run");
+    let o = common::ringtrain(&[
+        "train",
+        "--data",
+        data.to_str().unwrap(),
+        "--val",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--model",
+        "resnet18",
+        "--img-size",
+        "64",
+        "--eval-resize",
+        "64",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "6",
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = d.path().join("pred.csv");
+    let o = common::ringtrain(&[
+        "predict",
+        "--checkpoint",
+        out.join("last").to_str().unwrap(),
+        "--logits",
+        "--device",
+        "cpu",
+        "--out",
+        csv.to_str().unwrap(),
+        data.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_str(&common::run_python(&[
+        "predict_logits",
+        out.join("last").to_str().unwrap(),
+        csv.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(r["images"], 18, "{r}");
+    let diff = r["max_abs_diff"].as_f64().unwrap();
+    assert!(diff <= 1e-4, "logits differ by {diff} ({r})");
+    // A model whose logits are all ~0 would pass trivially: they are not.
+    assert!(r["logit_scale"].as_f64().unwrap() > 0.1, "{r}");
+}

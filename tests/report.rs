@@ -109,7 +109,8 @@ fn tensorboard_reader_finds_the_runs_scalars_with_right_steps_and_values() {
     let rows: Vec<Vec<f64>> = csv
         .lines()
         .skip(1)
-        .map(|l| l.split(',').map(|x| x.parse().unwrap()).collect())
+        // An empty cell (ema_val_top1 without --ema) reads as NaN.
+        .map(|l| l.split(',').map(|x| x.parse().unwrap_or(f64::NAN)).collect())
         .collect();
     for (tag, col) in [
         ("epoch/train_loss", 1),

@@ -54,7 +54,7 @@ pub struct Shard {
 }
 
 /// SplitMix64 finaliser: decorrelates nearby (seed, epoch, index) triples.
-fn mix(mut z: u64) -> u64 {
+pub fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -148,6 +148,12 @@ impl Loader {
 
     /// Starts producing the batches of `epoch`; iterate the result to consume them.
     pub fn epoch(&self, epoch: u64) -> EpochIter {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The batches of `epoch` from batch `start` on (a resumed epoch: the ones before are
+    /// neither decoded nor returned; those after are exactly those of an uninterrupted epoch).
+    pub fn epoch_from(&self, epoch: u64, start: usize) -> EpochIter {
         let order = self.order(epoch);
         let (tx, rx) = sync_channel::<Result<Batch>>(self.prefetch);
         let (samples, transform, pool) = (self.samples.clone(), self.transform.clone(), self.pool.clone());
@@ -160,7 +166,7 @@ impl Loader {
         let handle = std::thread::Builder::new()
             .name("ringtrain-loader".into())
             .spawn(move || {
-                for chunk in order.chunks(bs).take(n_batches) {
+                for chunk in order.chunks(bs).take(n_batches).skip(start) {
                     let batch = pool.install(|| make_batch(&samples, chunk, &transform, seed, epoch, skip));
                     let failed = batch.is_err();
                     // A closed receiver means the consumer stopped early: stop quietly.
@@ -270,6 +276,7 @@ mod tests {
             scale: (0.08, 1.0),
             ratio: (0.75, 4.0 / 3.0),
             hflip: true,
+            erase: None,
         };
         let opts = |workers| LoaderOptions {
             batch_size: 4,

@@ -2,8 +2,10 @@
 //! Normalisation to float happens on the device (`Normalizer`).
 pub mod decode;
 pub mod demo;
+pub mod erasing;
 pub mod folder;
 pub mod loader;
+pub mod mixup;
 pub mod split;
 pub mod stats;
 pub mod transform;

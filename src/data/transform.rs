@@ -2,11 +2,15 @@
 //! resize of a (fractional) source box straight to the output size:
 //! - train: RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(0.5)
 //! - eval:  Resize(resize_size) (shorter side) + CenterCrop(size)
+//! - train, optionally: RandomErasing (`erasing.rs`) on the output
+//!
 //! Output is size×size RGB8 (HWC); float conversion and Normalize happen on the device.
 use anyhow::{Context, Result};
 use fast_image_resize as fr;
 use image::RgbImage;
 use rand::Rng;
+
+use super::erasing::RandomErasing;
 
 #[derive(Debug, Clone)]
 pub enum Transform {
@@ -15,6 +19,7 @@ pub enum Transform {
         scale: (f64, f64),
         ratio: (f64, f64),
         hflip: bool,
+        erase: Option<RandomErasing>,
     },
     Eval {
         size: u32,
@@ -129,11 +134,15 @@ impl Transform {
                 scale,
                 ratio,
                 hflip,
+                ref erase,
             } => {
                 let bx = random_resized_crop_box(w, h, scale, ratio, rng);
                 resize_box_into(img, bx, size, out)?;
                 if hflip && rng.gen_bool(0.5) {
                     flip_horizontal(out, size as usize);
+                }
+                if let Some(e) = erase {
+                    e.apply(out, size as usize, rng);
                 }
             }
             Transform::Eval { size, resize } => {
@@ -174,6 +183,39 @@ mod tests {
         let mut buf: Vec<u8> = (0..2 * 2 * 3).map(|x| x as u8).collect();
         flip_horizontal(&mut buf, 2);
         assert_eq!(buf, vec![3, 4, 5, 0, 1, 2, 9, 10, 11, 6, 7, 8]);
+    }
+
+    #[test]
+    fn erasing_is_deterministic_per_rng_and_p_zero_is_no_erasing() {
+        use super::super::erasing::{EraseMode, RandomErasing};
+        let img = RgbImage::from_fn(40, 30, |x, y| image::Rgb([x as u8 * 5, y as u8 * 7, 200]));
+        let train = |erase| Transform::Train {
+            size: 24,
+            scale: (0.5, 1.0),
+            ratio: (0.75, 4.0 / 3.0),
+            hflip: true,
+            erase,
+        };
+        let erase = |p| {
+            Some(RandomErasing {
+                p,
+                mode: EraseMode::Pixel,
+                mean: crate::data::IMAGENET_MEAN,
+                std: crate::data::IMAGENET_STD,
+            })
+        };
+        let run = |t: &Transform, seed| {
+            let mut out = vec![0u8; 24 * 24 * 3];
+            t.apply(&img, &mut rand_chacha::ChaCha8Rng::seed_from_u64(seed), &mut out)
+                .unwrap();
+            out
+        };
+        let (plain, off, on) = (train(None), train(erase(0.0)), train(erase(1.0)));
+        for seed in 0..20 {
+            assert_eq!(run(&plain, seed), run(&off, seed));
+            assert_eq!(run(&on, seed), run(&on, seed));
+            assert_ne!(run(&on, seed), run(&plain, seed));
+        }
     }
 
     #[test]

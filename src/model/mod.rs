@@ -186,6 +186,8 @@ impl Model {
 
     /// The state_dict as torchvision names it, on the CPU, contiguous, including
     /// `num_batches_tracked` for every BatchNorm.
+    /// On a CPU model the tensors share storage with the live weights (no copy for a save):
+    /// copy them to keep a snapshot.
     pub fn state_dict(&self) -> BTreeMap<String, Tensor> {
         let mut out = BTreeMap::new();
         for (name, t) in self.vs.variables() {

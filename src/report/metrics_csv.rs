@@ -2,10 +2,11 @@
 use std::path::Path;
 
 use anyhow::Result;
+use serde::{Deserialize, Serialize};
 
 use crate::atomic;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochRow {
     pub epoch: usize,
     pub train_loss: f64,
@@ -18,16 +19,19 @@ pub struct EpochRow {
     pub images_per_s: f64,
     /// Optimizer steps skipped by the fp16 GradScaler (inf/NaN gradients).
     pub skipped_steps: usize,
+    pub val_macro_f1: f64,
+    /// Validation top-1 of the weights' moving average (`--ema`).
+    pub ema_val_top1: Option<f64>,
 }
 
-pub const HEADER: &str = "epoch,train_loss,train_top1,val_loss,val_top1,val_top5,lr,seconds,images_per_s,skipped_steps";
+pub const HEADER: &str = "epoch,train_loss,train_top1,val_loss,val_top1,val_top5,lr,seconds,images_per_s,skipped_steps,val_macro_f1,ema_val_top1";
 
 pub fn write(path: &Path, rows: &[EpochRow]) -> Result<()> {
     let mut s = String::from(HEADER);
     s.push('\n');
     for r in rows {
         s += &format!(
-            "{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.8},{:.3},{:.1},{}\n",
+            "{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.8},{:.3},{:.1},{},{:.6},{}\n",
             r.epoch,
             r.train_loss,
             r.train_top1,
@@ -37,7 +41,9 @@ pub fn write(path: &Path, rows: &[EpochRow]) -> Result<()> {
             r.lr,
             r.seconds,
             r.images_per_s,
-            r.skipped_steps
+            r.skipped_steps,
+            r.val_macro_f1,
+            r.ema_val_top1.map(|v| format!("{v:.6}")).unwrap_or_default()
         );
     }
     atomic::write_file(path, s.as_bytes())

@@ -235,6 +235,8 @@ mod tests {
                 seconds: 1.0,
                 images_per_s: 10.0,
                 skipped_steps: 0,
+                val_macro_f1: 0.1 * e as f64,
+                ema_val_top1: None,
             })
             .collect();
         training_curves(&d.path().join("curves.png"), &rows).unwrap();

@@ -47,9 +47,10 @@ impl GradScaler {
         loss * self.scale.to_kind(loss.kind())
     }
 
-    /// Unscales the gradients in place; true if any is inf/NaN on any rank (then skip the step).
-    /// Reads one value back to the host, as PyTorch's GradScaler.step does.
-    pub fn unscale(&mut self, grads: &[Tensor], pg: Option<&ProcessGroup>) -> Result<bool> {
+    /// Unscales the gradients in place and returns `found_inf`: a 1-element device tensor that
+    /// holds 1 if any gradient is inf/NaN on any rank. The optimizer skips the step on the
+    /// device when it does, so nothing is read back to the host.
+    pub fn unscale(&mut self, grads: &[Tensor], pg: Option<&ProcessGroup>) -> Result<Tensor> {
         let _ = self.found_inf.zero_();
         let inv = self.scale.reciprocal();
         shim::amp_unscale(grads, &self.found_inf, &inv)?;
@@ -57,7 +58,7 @@ impl GradScaler {
             // Gradients were averaged already, so ranks agree; make it explicit and exact.
             pg.all_reduce(&self.found_inf, ReduceOp::Max)?;
         }
-        Ok(self.found_inf.double_value(&[0]) > 0.0)
+        Ok(self.found_inf.shallow_clone())
     }
 
     /// Updates the scale from the last `unscale`'s finding (dynamic scaling only).
@@ -71,6 +72,13 @@ impl GradScaler {
                 GROWTH_INTERVAL,
             );
         }
+    }
+
+    /// Restores a checkpoint's state (resume).
+    pub fn restore(&mut self, s: &ScalerState) {
+        let _ = self.scale.fill_(s.scale);
+        let _ = self.growth_tracker.fill_(s.growth_tracker);
+        self.dynamic = s.dynamic;
     }
 
     pub fn state(&self) -> ScalerState {
@@ -99,6 +107,10 @@ pub fn resolve(amp: &str, device: Device) -> Result<Option<Kind>> {
 mod tests {
     use super::*;
 
+    fn skips(s: &mut GradScaler, g: &[Tensor]) -> bool {
+        s.unscale(g, None).unwrap().double_value(&[0]) > 0.0
+    }
+
     fn grads(values: &[f32]) -> Vec<Tensor> {
         values.iter().map(|&v| Tensor::from_slice(&[v, 1.0])).collect()
     }
@@ -107,7 +119,7 @@ mod tests {
     fn scaler_skips_on_inf_backs_off_and_grows() {
         let mut s = GradScaler::new(Device::Cpu, None);
         let g = grads(&[4.0, 2.0]);
-        assert!(!s.unscale(&g, None).unwrap());
+        assert!(!skips(&mut s, &g));
         assert_eq!(Vec::<f32>::try_from(&g[0]).unwrap(), vec![4.0 / 65536.0, 1.0 / 65536.0]);
         s.update();
         assert_eq!(
@@ -118,7 +130,7 @@ mod tests {
                 dynamic: true
             }
         );
-        assert!(s.unscale(&grads(&[f32::INFINITY, 1.0]), None).unwrap());
+        assert!(skips(&mut s, &grads(&[f32::INFINITY, 1.0])));
         s.update();
         assert_eq!(
             s.state(),
@@ -128,13 +140,13 @@ mod tests {
                 dynamic: true
             }
         );
-        assert!(s.unscale(&grads(&[f32::NAN]), None).unwrap());
+        assert!(skips(&mut s, &grads(&[f32::NAN])));
     }
 
     #[test]
     fn static_scale_never_changes() {
         let mut s = GradScaler::new(Device::Cpu, Some(1024.0));
-        assert!(s.unscale(&grads(&[f32::INFINITY]), None).unwrap());
+        assert!(skips(&mut s, &grads(&[f32::INFINITY])));
         s.update();
         assert_eq!(s.state().scale, 1024.0);
     }

@@ -1,17 +1,26 @@
 //! A checkpoint is a directory, written atomically (see `atomic::write_dir`):
-//!   model.safetensors  torchvision-named state_dict (PyTorch can load_state_dict it)
-//!   state.json         where the run stands and everything needed to use the model
-use std::path::Path;
+//!   model.safetensors      torchvision-named state_dict (PyTorch can load_state_dict it)
+//!   optimizer.safetensors  the optimizer's state by parameter name (momentum, Adam moments)
+//!   model_ema.safetensors  the weights' moving average, with `--ema`
+//!   state.json             where the run stands (epoch, step within it, schedule, scaler, best
+//!                          metric, history) and everything needed to use the model
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use tch::Tensor;
 
 use crate::atomic;
 use crate::bail_user;
 use crate::config::TrainConfig;
 use crate::model::Model;
+use crate::report::metrics_csv::EpochRow;
+use crate::train::schedule::PlateauState;
 
 pub const MODEL_FILE: &str = "model.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const EMA_FILE: &str = "model_ema.safetensors";
 pub const STATE_FILE: &str = "state.json";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -25,14 +34,51 @@ pub struct CheckpointState {
     pub std: Vec<f64>,
     /// Epochs completed (1-based count).
     pub epoch: usize,
+    /// Optimizer steps taken since the start of the run.
     pub global_step: usize,
+    /// Set when saved inside an unfinished epoch (index `epoch`, 0-based).
+    #[serde(default)]
+    pub mid_epoch: Option<EpochPosition>,
     pub val_top1: Option<f64>,
     pub best_val_top1: Option<f64>,
     pub best_epoch: Option<usize>,
+    /// The best value of the monitored metric (`config.monitor`).
+    #[serde(default)]
+    pub best_metric: Option<f64>,
+    /// The best epoch's validation predictions, for the final classification report.
+    #[serde(default)]
+    pub best_eval: Option<crate::train::eval::EvalResult>,
     /// The fp16 GradScaler's state, when one is used.
     #[serde(default)]
     pub scaler: Option<crate::train::amp::ScalerState>,
+    #[serde(default)]
+    pub plateau: PlateauState,
+    /// Every finished epoch's metrics (metrics.csv is rewritten from it).
+    #[serde(default)]
+    pub history: Vec<EpochRow>,
+    /// Ranks of the run that saved it.
+    #[serde(default = "one")]
+    pub world_size: usize,
     pub config: TrainConfig,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// How far an unfinished epoch went, so a resumed run takes exactly the remaining steps and
+/// reports the same epoch figures. Sums are over all ranks.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EpochPosition {
+    /// Optimizer steps done in the epoch.
+    pub steps: usize,
+    pub loss_sum: f64,
+    pub correct: f64,
+    pub seen: f64,
+    pub skipped_steps: f64,
+    pub unreadable: usize,
+    /// Training seconds spent in the epoch before the checkpoint.
+    pub seconds: f64,
 }
 
 impl CheckpointState {
@@ -45,35 +91,78 @@ impl CheckpointState {
     }
 }
 
-pub fn save(dir: &Path, model: &Model, state: &CheckpointState) -> Result<()> {
+/// What a checkpoint holds beside the model and the state.
+#[derive(Default)]
+pub struct Extras<'a> {
+    pub optimizer: Option<Vec<(String, Tensor)>>,
+    pub ema: Option<&'a Model>,
+}
+
+pub fn save(dir: &Path, model: &Model, state: &CheckpointState, extras: &Extras) -> Result<()> {
     atomic::write_dir(dir, |tmp| {
         model.save_safetensors(&tmp.join(MODEL_FILE))?;
+        if let Some(named) = &extras.optimizer {
+            let cpu: Vec<(String, Tensor)> = named
+                .iter()
+                .map(|(k, t)| (k.clone(), t.to_device(tch::Device::Cpu).contiguous()))
+                .collect();
+            let refs: Vec<(&str, &Tensor)> = cpu.iter().map(|(k, t)| (k.as_str(), t)).collect();
+            Tensor::write_safetensors(&refs, tmp.join(OPTIMIZER_FILE))?;
+        }
+        if let Some(ema) = extras.ema {
+            ema.save_safetensors(&tmp.join(EMA_FILE))?;
+        }
         std::fs::write(tmp.join(STATE_FILE), serde_json::to_vec_pretty(state)?)?;
         Ok(())
     })
     .with_context(|| format!("saving checkpoint {}", dir.display()))
 }
 
-pub fn load_state(dir: &Path) -> Result<CheckpointState> {
+/// Copies a checkpoint directory (atomically), for `--keep`.
+pub fn copy(src: &Path, dst: &Path) -> Result<()> {
+    atomic::write_dir(dst, |tmp| {
+        for e in std::fs::read_dir(src)? {
+            let e = e?;
+            std::fs::copy(e.path(), tmp.join(e.file_name()))?;
+        }
+        Ok(())
+    })
+    .with_context(|| format!("copying checkpoint {} to {}", src.display(), dst.display()))
+}
+
+/// Reads and checks a checkpoint's state.json; `flag` names the option that pointed at it.
+pub fn load_state_for(dir: &Path, flag: &str) -> Result<CheckpointState> {
     let p = dir.join(STATE_FILE);
     if !dir.is_dir() {
-        bail_user!("--checkpoint is not a checkpoint directory: {}", dir.display());
+        bail_user!("{flag} is not a checkpoint directory: {}", dir.display());
     }
     let bytes = match std::fs::read(&p) {
         Ok(b) => b,
-        Err(e) => bail_user!("--checkpoint {}: cannot read {STATE_FILE}: {e}", dir.display()),
+        Err(e) => bail_user!("{flag} {}: cannot read {STATE_FILE}: {e}", dir.display()),
     };
     let state: CheckpointState = match serde_json::from_slice(&bytes) {
         Ok(s) => s,
-        Err(e) => bail_user!("--checkpoint {}: invalid {STATE_FILE}: {e}", dir.display()),
+        Err(e) => bail_user!("{flag} {}: invalid {STATE_FILE}: {e}", dir.display()),
     };
     if state.mean.len() != 3 || state.std.len() != 3 || state.classes.is_empty() {
         bail_user!(
-            "--checkpoint {}: {STATE_FILE} needs three mean and std values and at least one class",
+            "{flag} {}: {STATE_FILE} needs three mean and std values and at least one class",
             dir.display()
         );
     }
     Ok(state)
+}
+
+pub fn load_state(dir: &Path) -> Result<CheckpointState> {
+    load_state_for(dir, "--checkpoint")
+}
+
+/// A safetensors file of a checkpoint as named tensors; `flag` names the option for errors.
+pub fn read_tensors(path: &Path, flag: &str) -> Result<HashMap<String, Tensor>> {
+    match Tensor::read_safetensors(path) {
+        Ok(v) => Ok(v.into_iter().collect()),
+        Err(e) => bail_user!("{flag}: cannot read {} ({e})", path.display()),
+    }
 }
 
 /// The model of a checkpoint directory, ready for inference, with its state.
@@ -84,4 +173,21 @@ pub fn load(dir: &Path, device: tch::Device) -> Result<(Model, CheckpointState)>
         .load_safetensors(&dir.join(MODEL_FILE))
         .map_err(|e| crate::error::user_error(format!("--checkpoint {}: {e:#}", dir.display())))?;
     Ok((model, state))
+}
+
+/// Where `--resume` points: `auto` is `<out>/last` when it exists (None: start a new run).
+pub fn resume_dir(resume: &str, out: &Path) -> Result<Option<PathBuf>> {
+    if resume == "auto" {
+        let last = out.join("last");
+        atomic::recover_dir(&last)?;
+        return Ok(last.join(STATE_FILE).is_file().then_some(last));
+    }
+    let dir = PathBuf::from(resume);
+    if !dir.join(STATE_FILE).is_file() {
+        bail_user!(
+            "--resume {}: not a checkpoint directory (no {STATE_FILE})",
+            dir.display()
+        );
+    }
+    Ok(Some(dir))
 }

@@ -7,7 +7,7 @@ use crate::data::{loader::Loader, Normalizer};
 use crate::dist::process_group::{ProcessGroup, ReduceOp};
 use crate::model::Model;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct EvalResult {
     pub loss: f64,
     pub top1: f64,

@@ -2,20 +2,23 @@
 //! checkpoint, metrics) → the best epoch's classification report.
 pub mod amp;
 pub mod checkpoint;
+pub mod ema;
 pub mod eval;
 pub mod optim;
 pub mod schedule;
+pub mod signals;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::atomic;
-use crate::config::{resolve_device, TrainConfig};
+use crate::config::{resolve_device, Metric, SchedKind, TrainConfig};
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{Batch, Loader, LoaderOptions, Shard};
+use crate::data::mixup::{mix_rng, soft_target_cross_entropy, Mixup};
 use crate::data::transform::Transform;
 use crate::data::Normalizer;
 use crate::dist::ddp::Ddp;
@@ -31,12 +34,18 @@ use crate::report::tensorboard::EventWriter;
 use crate::report::{plots, write_evaluation};
 use crate::say;
 use crate::shim;
-use checkpoint::CheckpointState;
+use checkpoint::{CheckpointState, EpochPosition};
+use ema::Ema;
+use optim::Optimizer;
+use schedule::PlateauState;
+use signals::StopRequest;
 
 pub struct RunSummary {
     pub best_epoch: usize,
-    /// The classification report of the best epoch's validation.
-    pub report: ClassificationReport,
+    /// The classification report of the best epoch's validation (None when interrupted).
+    pub report: Option<ClassificationReport>,
+    /// The signal that stopped the run early (its checkpoint is saved).
+    pub interrupted: Option<i32>,
 }
 
 /// Images the `i`-th training batch of an epoch should hold on this rank.
@@ -139,15 +148,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     if local_world > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
         tch::set_num_threads((cores / local_world).max(1) as i32);
     }
-    // validate() refused an earlier run in --out unless --overwrite: then its events go too.
     let run_dir = cfg.out.clone();
-    if is_main && cfg.holds_run() {
-        for e in std::fs::read_dir(&run_dir)?.flatten() {
-            if e.file_name().to_string_lossy().starts_with("events.out.tfevents.") {
-                std::fs::remove_file(e.path())?;
-            }
-        }
-    }
     if device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
@@ -177,6 +178,12 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             scale: (cfg.crop_scale[0], cfg.crop_scale[1]),
             ratio: (3.0 / 4.0, 4.0 / 3.0),
             hflip: cfg.hflip,
+            erase: (cfg.random_erasing > 0.0).then(|| crate::data::erasing::RandomErasing {
+                p: cfg.random_erasing,
+                mode: cfg.random_erasing_mode,
+                mean: cfg.mean3(),
+                std: cfg.std3(),
+            }),
         },
         // A last batch of one image would break BatchNorm's training statistics: drop only that.
         // Padded shards are equal, so every rank takes the same number of steps.
@@ -209,7 +216,51 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         },
     )?;
 
+    // ---- resume: which checkpoint, and whether it fits this run
+    let resume_from = match &cfg.resume {
+        Some(r) => checkpoint::resume_dir(r, &cfg.out)?,
+        None => None,
+    };
+    let resumed = match &resume_from {
+        Some(dir) => {
+            let st = checkpoint::load_state_for(dir, "--resume")?;
+            check_resume(cfg, &st, &classes, dir, world)?;
+            if run_is_complete(cfg, &st, dir) {
+                // `--resume auto` of a finished run (a requeued job that already ended): done.
+                say!(
+                    "resume: {} already finished its {} epochs; nothing to do (raise --epochs to train further)",
+                    run_dir.display(),
+                    st.epoch
+                );
+                return Ok(RunSummary {
+                    best_epoch: st.best_epoch.unwrap_or(0),
+                    report: None,
+                    interrupted: None,
+                });
+            }
+            Some(st)
+        }
+        None => {
+            if cfg.resume.is_some() {
+                say!(
+                    "resume: no checkpoint in {}; starting a new run",
+                    run_dir.join("last").display()
+                );
+            }
+            None
+        }
+    };
+
     // ---- run directory: rank 0 alone writes
+    if is_main && resumed.is_none() && run_dir.is_dir() {
+        // validate() refused an earlier run in --out unless --overwrite (or --resume auto found
+        // no checkpoint): its outputs go, so that no later `--resume auto` or reader mixes them
+        // with this run's.
+        remove_earlier_run(&run_dir)?;
+    }
+    if is_main && run_dir.is_dir() {
+        atomic::remove_stale_temps(&run_dir)?; // left by a process killed in the middle of a write
+    }
     let mut tb = None;
     if is_main {
         std::fs::create_dir_all(&run_dir).with_context(|| format!("creating --out {}", run_dir.display()))?;
@@ -220,8 +271,9 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     }
 
     // ---- model, optimizer, schedule
-    let mut model = Model::new(&cfg.model, classes.len() as i64, device)?;
-    if let Some(path) = &cfg.pretrained {
+    let num_classes = classes.len() as i64;
+    let mut model = Model::new(&cfg.model, num_classes, device)?;
+    if let (Some(path), None) = (&cfg.pretrained, &resumed) {
         let r = model.load_pretrained(path)?;
         say!(
             "pretrained: {} tensors from {}; re-initialised head {:?}; missing {:?}; unexpected {:?}",
@@ -240,20 +292,91 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     if channels_last {
         shim::var_store_to_channels_last(&model.vs)?;
     }
-    let mut opt = optim::build(cfg, &model.vs)?;
-    // Frozen parameters get no gradient: leave them out of clipping, scaling and all-reduce.
-    let params: Vec<Tensor> = model
-        .vs
-        .trainable_variables()
-        .into_iter()
-        .filter(|p| p.requires_grad())
-        .collect();
+    // Frozen parameters get no gradient: leave them out of the optimizer and the all-reduce.
+    let named: Vec<(String, Tensor)> = {
+        let mut v: Vec<(String, Tensor)> = model
+            .vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let no_decay = if cfg.no_bn_weight_decay {
+        optim::batch_norm_params(&model.vs.variables().into_keys().collect::<Vec<_>>())
+    } else {
+        Default::default()
+    };
+    let mut opt = Optimizer::new(
+        cfg,
+        &named,
+        &optim::Placement {
+            head_prefix: model.head_prefix(),
+            head_lr_mult: cfg.head_lr_mult,
+            no_decay: &no_decay,
+        },
+    );
+    let params: Vec<Tensor> = opt.params().map(|p| p.shallow_clone()).collect();
     let buffers: Vec<Tensor> = {
         let vars = model.vs.variables();
         let mut names: Vec<&String> = vars.keys().filter(|k| !vars[*k].requires_grad()).collect();
         names.sort();
         names.into_iter().map(|k| vars[k].shallow_clone()).collect()
     };
+    let amp_kind = amp::resolve(&cfg.amp, device)?;
+    let mut scaler = (amp_kind == Some(Kind::Half)).then(|| amp::GradScaler::new(device, cfg.loss_scale));
+    let mut ema = cfg.ema.map(|d| Ema::new(&model, num_classes, d)).transpose()?;
+
+    // ---- where the run starts: from scratch, or exactly where the checkpoint left it
+    let (mut start_epoch, mut mid_epoch, mut run) = (0, None, RunState::default());
+    if let (Some(dir), Some(st)) = (&resume_from, &resumed) {
+        let flag = format!("--resume {}", dir.display());
+        model
+            .load_safetensors(&dir.join(checkpoint::MODEL_FILE))
+            .map_err(|e| user_error(format!("{flag}: {e:#}")))?;
+        let opt_file = dir.join(checkpoint::OPTIMIZER_FILE);
+        if !opt_file.is_file() {
+            return Err(user_error(format!(
+                "{flag}: no {} in the checkpoint, so the optimizer cannot continue where it stopped",
+                checkpoint::OPTIMIZER_FILE
+            )));
+        }
+        opt.load_state(checkpoint::read_tensors(&opt_file, &flag)?)
+            .map_err(|e| user_error(format!("{flag}: {}: {e:#}", checkpoint::OPTIMIZER_FILE)))?;
+        if let Some(ema) = ema.as_mut() {
+            let f = dir.join(checkpoint::EMA_FILE);
+            if f.is_file() {
+                ema.model
+                    .load_safetensors(&f)
+                    .map_err(|e| user_error(format!("{flag}: {e:#}")))?;
+            } else {
+                say!("resume: the checkpoint has no moving average; --ema starts from the current weights");
+                *ema = Ema::new(&model, num_classes, cfg.ema.expect("ema is on"))?;
+            }
+        }
+        if let (Some(s), Some(saved)) = (scaler.as_mut(), &st.scaler) {
+            s.restore(saved);
+        }
+        (start_epoch, mid_epoch, run) = (st.epoch, st.mid_epoch.clone(), RunState::from_checkpoint(st));
+        if is_main && st.mid_epoch.is_none() && is_own_last(cfg, dir) {
+            catch_up_epoch_outputs(cfg, st)?;
+        }
+        say!(
+            "resume: {} {}, step {} (best {} {:.4} at epoch {})",
+            dir.display(),
+            match &st.mid_epoch {
+                Some(p) => format!("in epoch {} after {} of its steps", st.epoch + 1, p.steps),
+                None if st.epoch >= cfg.epochs =>
+                    format!("after its last epoch ({}): writing the final report", st.epoch),
+                None => format!("at the start of epoch {}", st.epoch + 1),
+            },
+            st.global_step,
+            cfg.monitor.name(),
+            st.best_metric.unwrap_or(f64::NAN),
+            st.best_epoch.unwrap_or(0)
+        );
+    }
 
     // ---- data parallelism: rendezvous, then every replica starts from rank 0's state
     let ddp = match dist {
@@ -284,13 +407,16 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let pg = ddp.as_ref().map(|d| &d.pg);
     let sync_bn = dist.is_some_and(|d| d.sync_bn);
     let _sync_bn_guard = pg.filter(|_| sync_bn).map(crate::model::batchnorm::sync_batch_norm);
-    let steps_per_epoch = train_loader.batches_per_epoch();
+    let accum = cfg.accum_steps;
+    let micro_per_epoch = train_loader.batches_per_epoch();
+    let steps_per_epoch = micro_per_epoch.div_ceil(accum);
     let sched = schedule::LrSchedule::new(cfg, steps_per_epoch);
+    let plateau = schedule::Plateau::new(cfg);
     let normalize = Normalizer::new(cfg.mean3(), cfg.std3(), device);
-    let amp_kind = amp::resolve(&cfg.amp, device)?;
-    let mut scaler = (amp_kind == Some(Kind::Half)).then(|| amp::GradScaler::new(device, cfg.loss_scale));
+    let mixup = cfg.mixup(num_classes).map(Mixup::new).transpose()?;
+    let stop = StopRequest::install()?;
     say!(
-        "ringtrain: {} ({:.1}M parameters) on {:?}{}, {} classes, {} train / {} val images, {} steps per epoch, {} data workers",
+        "ringtrain: {} ({:.1}M parameters) on {:?}{}, {} classes, {} train / {} val images, {} steps per epoch{}, {} data workers",
         cfg.model,
         model.num_parameters() as f64 / 1e6,
         device,
@@ -303,114 +429,205 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         n_train,
         val_loader.num_samples(),
         steps_per_epoch,
+        if accum > 1 { format!(" ({accum} micro-batches each)") } else { String::new() },
         workers
     );
 
-    let mut rows: Vec<EpochRow> = Vec::new();
-    let mut best: Option<(usize, eval::EvalResult)> = None;
-    let mut global_step = 0usize;
     let mut warned: std::collections::HashSet<PathBuf> = Default::default();
     let run_start = Instant::now();
-    for epoch in 0..cfg.epochs {
-        // ---- train one epoch
+    let mut stopped_by: Option<i32> = None;
+    for epoch in start_epoch..cfg.epochs {
+        // ---- train one epoch (or what is left of it)
+        let resumed_pos = mid_epoch.take().unwrap_or_default();
         let t0 = Instant::now();
-        let mut loss_sum = Tensor::zeros([], (Kind::Float, device));
-        let mut correct = Tensor::zeros([], (Kind::Int64, device));
-        let mut seen = 0usize;
-        let mut skipped_steps = 0usize;
-        let mut unreadable = 0usize;
-        let mut lr = sched.lr_at(global_step);
+        let restored = |v: f64| if is_main { v } else { 0.0 };
+        let mut loss_sum = Tensor::from(restored(resumed_pos.loss_sum)).to_device(device);
+        let mut correct = Tensor::from(restored(resumed_pos.correct)).to_device(device);
+        let mut skipped_t = Tensor::from(restored(resumed_pos.skipped_steps))
+            .to_kind(Kind::Float)
+            .to_device(device);
+        let mut seen = restored(resumed_pos.seen) as usize;
+        let mut unreadable = if is_main { resumed_pos.unreadable } else { 0 };
+        let mut lr = sched.lr_at(run.global_step, &run.plateau);
         let progress = EpochProgress::new(epoch + 1, cfg.epochs, steps_per_epoch, cfg.log_every);
-        for (i, batch) in train_loader.epoch(epoch as u64).enumerate() {
+        let mut micro = resumed_pos.steps * accum;
+        for batch in train_loader.epoch_from(epoch as u64, micro) {
+            let step_in_epoch = micro / accum;
+            let k = micro % accum; // position in the accumulation group
+            let group = accum.min(micro_per_epoch - step_in_epoch * accum);
             let batch = batch?;
             unreadable += batch.skipped.len();
             warn_once(&mut warned, &batch.skipped);
-            let batch = refill(batch, batch_len(&train_loader, i, rank_batch))?;
+            let batch = refill(batch, batch_len(&train_loader, micro, rank_batch))?;
             let mut x = normalize.apply(&batch.images);
             if channels_last {
                 x = shim::to_channels_last(&x)?;
             }
             let y = batch.labels.to_device(device);
-            lr = sched.lr_at(global_step);
-            opt.set_lr(lr);
-            if cfg.head_lr_mult != 1.0 {
-                opt.set_lr_group(crate::model::HEAD_GROUP, lr * cfg.head_lr_mult);
+            // Randomness inside the step (dropout) depends on the position alone: a resumed
+            // run repeats it.
+            tch::manual_seed(step_seed(cfg.seed, epoch, micro));
+            if k == 0 {
+                lr = sched.lr_at(run.global_step, &run.plateau);
+                match ddp.as_ref().filter(|d| d.owns_grads()) {
+                    Some(ddp) => ddp.zero_grad(),
+                    None => opt.zero_grad()?,
+                }
+                if let Some(ddp) = ddp.as_ref().filter(|_| world > 1 && !sync_bn) {
+                    ddp.broadcast_buffers(&buffers)?;
+                }
             }
-            if let Some(ddp) = ddp.as_ref().filter(|_| world > 1 && !sync_bn) {
-                ddp.broadcast_buffers(&buffers)?;
-            }
+            // Mixup/CutMix on the device; its draws depend on (seed, rank, position) only.
+            let soft_targets = match &mixup {
+                Some(m) => {
+                    let (h, w) = (x.size()[2], x.size()[3]);
+                    let position = (epoch * micro_per_epoch + micro) as u64;
+                    let p = m.sample(h, w, &mut mix_rng(cfg.seed, rank as u64, position));
+                    let (mixed, t) = m.apply(&x, &y, &p);
+                    x = mixed;
+                    Some(t)
+                }
+                None => None,
+            };
             let (logits, loss) = {
                 // Forward and loss under autocast; backward and the step outside, as torch.autocast.
                 let _autocast = amp_kind.map(|k| shim::autocast(device, k)).transpose()?;
                 let logits = model.forward(&x, true);
-                let loss = logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, cfg.label_smoothing);
+                let loss = match &soft_targets {
+                    // Label smoothing is inside the soft targets.
+                    Some(t) => soft_target_cross_entropy(&logits, t),
+                    None => logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, cfg.label_smoothing),
+                };
                 (logits, loss.to_kind(Kind::Float))
             };
-            match ddp.as_ref().filter(|d| d.owns_grads()) {
-                Some(ddp) => ddp.zero_grad(),
-                None => opt.zero_grad(),
-            }
-            match &scaler {
-                Some(s) => s.scale_loss(&loss).f_backward()?,
-                None => loss.f_backward()?,
-            }
-            if let Some(ddp) = &ddp {
-                ddp.all_reduce_grads()?;
-            }
-            let skip = match scaler.as_mut() {
-                Some(s) => {
-                    let grads: Vec<Tensor> = params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
-                    s.unscale(&grads, pg)?
-                }
-                None => false,
-            };
-            if skip {
-                skipped_steps += 1;
+            // Accumulated micro-batches each count 1/group of the step's gradient.
+            let to_backward = if group > 1 {
+                &loss / group as f64
             } else {
-                if let Some(max_norm) = cfg.clip_grad_norm {
-                    let _ = optim::clip_grad_norm(&params, max_norm);
-                }
-                opt.step();
-            }
-            if let Some(s) = scaler.as_mut() {
-                s.update();
+                loss.shallow_clone()
+            };
+            match &scaler {
+                Some(s) => s.scale_loss(&to_backward).f_backward()?,
+                None => to_backward.f_backward()?,
             }
             model.bn_batches += 1;
-            global_step += 1;
+            micro += 1;
             let bs = y.size()[0] as usize;
             seen += bs;
             tch::no_grad(|| {
                 loss_sum += loss.detach() * bs as f64;
-                correct += logits.argmax(-1, false).eq_tensor(&y).sum(Kind::Int64);
+                correct += logits.argmax(-1, false).eq_tensor(&y).sum(Kind::Float);
             });
-            let loss_now = progress.wants_loss(i + 1).then(|| loss.double_value(&[]));
+            if k + 1 < group {
+                continue; // gradients keep accumulating; no all-reduce until the group's last
+            }
+
+            // ---- the optimizer step
+            if let Some(ddp) = &ddp {
+                ddp.all_reduce_grads()?;
+            }
+            let found_inf = match scaler.as_mut() {
+                Some(s) => {
+                    let grads: Vec<Tensor> = params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
+                    Some(s.unscale(&grads, pg)?)
+                }
+                None => None,
+            };
+            if let Some(max_norm) = cfg.clip_grad_norm {
+                let _ = optim::clip_grad_norm(&params, max_norm);
+            }
+            // An fp16 overflow skips the step on the device: no host synchronisation here.
+            opt.step(lr, found_inf.as_ref())?;
+            if let Some(s) = scaler.as_mut() {
+                s.update();
+            }
+            if let Some(f) = &found_inf {
+                skipped_t += f.sum(Kind::Float);
+            }
+            if let Some(ema) = ema.as_mut() {
+                ema.update(model.bn_batches);
+            }
+            run.global_step += 1;
+            let steps_done = step_in_epoch + 1;
+            let loss_now = progress.wants_loss(steps_done).then(|| loss.double_value(&[]));
             if let (Some(l), Some(tb)) = (loss_now, tb.as_mut()) {
                 // The 0-based index of the step just taken, as `epoch * len(loader) + i` in PyTorch scripts.
-                tb.scalar("train/loss", l, global_step as i64 - 1)?;
-                tb.scalar("train/lr", lr, global_step as i64 - 1)?;
+                tb.scalar("train/loss", l, run.global_step as i64 - 1)?;
+                tb.scalar("train/lr", lr, run.global_step as i64 - 1)?;
                 if cfg.head_lr_mult != 1.0 {
-                    tb.scalar("train/lr_head", lr * cfg.head_lr_mult, global_step as i64 - 1)?;
+                    tb.scalar("train/lr_head", lr * cfg.head_lr_mult, run.global_step as i64 - 1)?;
                 }
             }
-            progress.update(i + 1, seen * world, loss_now, lr);
+            progress.update(steps_done, seen * world, loss_now, lr);
+
+            // ---- a stop request or a periodic save: checkpoint the position inside the epoch
+            let signal = agreed_signal(&stop, pg, device, world == 1 || run.global_step % 10 == 0)?;
+            let periodic =
+                cfg.save_every_steps.is_some_and(|n| run.global_step % n == 0) && steps_done < steps_per_epoch;
+            if signal.is_some() || periodic {
+                let sums = Tensor::from_slice(&[
+                    loss_sum.double_value(&[]),
+                    correct.double_value(&[]),
+                    seen as f64,
+                    skipped_t.double_value(&[]),
+                    unreadable as f64,
+                ]);
+                if let Some(pg) = pg {
+                    pg.all_reduce(&sums, ReduceOp::Sum)?;
+                }
+                let v = Vec::<f64>::try_from(&sums)?;
+                let pos = EpochPosition {
+                    steps: steps_done,
+                    loss_sum: v[0],
+                    correct: v[1],
+                    seen: v[2],
+                    skipped_steps: v[3],
+                    unreadable: v[4] as usize,
+                    seconds: resumed_pos.seconds + t0.elapsed().as_secs_f64(),
+                };
+                if is_main {
+                    let st = run.checkpoint_state(cfg, &classes, epoch, Some(pos), &scaler, world);
+                    save_checkpoint(&run_dir.join("last"), &model, &st, &opt, &ema)?;
+                }
+                if let Some(pg) = pg {
+                    pg.barrier()?; // no rank leaves before rank 0 has saved
+                }
+            }
+            if let Some(sig) = signal {
+                stopped_by = Some(sig);
+                break;
+            }
         }
         progress.finish();
-        let train_secs = t0.elapsed().as_secs_f64();
+        if stopped_by.is_some() {
+            break;
+        }
+        let train_secs = resumed_pos.seconds + t0.elapsed().as_secs_f64();
         let comm_share = ddp.as_ref().map(|d| d.take_comm_time().as_secs_f64() / train_secs);
         // Epoch statistics over all ranks (padding repeats count as seen, as in DDP).
-        let totals = Tensor::from_slice(&[loss_sum.double_value(&[]), correct.int64_value(&[]) as f64, seen as f64]);
+        let totals = Tensor::from_slice(&[
+            loss_sum.double_value(&[]),
+            correct.double_value(&[]),
+            seen as f64,
+            skipped_t.double_value(&[]),
+        ]);
         if let Some(pg) = pg {
             pg.all_reduce(&totals, ReduceOp::Sum)?;
         }
         let t = Vec::<f64>::try_from(&totals)?;
         let n = t[2].max(1.0);
         let (train_loss, train_top1) = (t[0] / n, t[1] / n);
-        let seen = t[2] as usize;
+        let (seen_all, skipped_steps) = (t[2] as usize, t[3].round() as usize);
 
-        // ---- validate
+        // ---- validate (and the moving average, when kept)
         let ev = eval::evaluate(&model, &val_loader, &normalize, pg)?;
         warn_once(&mut warned, &ev.skipped);
         unreadable += ev.skipped.len();
+        let macro_f1 = ClassificationReport::new(&classes, &ev.targets, &ev.preds).macro_avg.f1;
+        let ema_ev = ema
+            .as_ref()
+            .map(|e| eval::evaluate(&e.model, &val_loader, &normalize, pg))
+            .transpose()?;
         let row = EpochRow {
             epoch: epoch + 1,
             train_loss,
@@ -419,42 +636,48 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             val_top1: ev.top1,
             val_top5: ev.top5,
             lr,
-            seconds: t0.elapsed().as_secs_f64(),
-            images_per_s: seen as f64 / train_secs,
+            seconds: resumed_pos.seconds + t0.elapsed().as_secs_f64(),
+            images_per_s: seen_all as f64 / train_secs,
             skipped_steps,
+            val_macro_f1: macro_f1,
+            ema_val_top1: ema_ev.as_ref().map(|e| e.top1),
         };
-        let improved = best.as_ref().is_none_or(|(_, b)| ev.top1 > b.top1);
+        let metric = match cfg.monitor {
+            Metric::ValTop1 => ev.top1,
+            Metric::ValTop5 => ev.top5,
+            Metric::ValLoss => ev.loss,
+            Metric::ValMacroF1 => macro_f1,
+        };
+        let improved = schedule::improves(run.best.map(|b| b.1), metric, cfg.monitor.minimise());
         if improved {
-            best = Some((epoch + 1, ev.clone()));
+            run.best = Some((epoch + 1, metric));
+            run.best_eval = Some(ev.clone());
         }
-        let (best_epoch, best_top1) = best.as_ref().map(|(e, b)| (*e, b.top1)).expect("set above");
+        let (best_epoch, best_metric) = run.best.expect("set above");
+        if cfg.sched == SchedKind::Plateau && plateau.step(&mut run.plateau, metric) {
+            say!(
+                "ReduceLROnPlateau: {} did not improve for {} epochs; lr now {:.3e}",
+                cfg.monitor.name(),
+                cfg.plateau_patience + 1,
+                run.plateau.lr.unwrap_or(cfg.lr)
+            );
+        }
+        run.history.push(row.clone());
 
-        // ---- checkpoints and metrics
-        let state = CheckpointState {
-            ringtrain_version: env!("CARGO_PKG_VERSION").into(),
-            model: cfg.model.clone(),
-            classes: classes.clone(),
-            img_size: cfg.img_size,
-            eval_resize: cfg.eval_resize(),
-            mean: cfg.mean.clone(),
-            std: cfg.std.clone(),
-            epoch: epoch + 1,
-            global_step,
-            val_top1: Some(ev.top1),
-            best_val_top1: Some(best_top1),
-            best_epoch: Some(best_epoch),
-            scaler: scaler.as_ref().map(|s| s.state()),
-            config: cfg.clone(),
-        };
-        rows.push(row.clone());
-        if let Some(tb) = tb.as_mut() {
-            // Rank 0 (the one with the event writer) alone writes.
-            checkpoint::save(&run_dir.join("last"), &model, &state)?;
+        // ---- checkpoints and metrics (rank 0 alone writes)
+        if is_main {
+            let st = run.checkpoint_state(cfg, &classes, epoch + 1, None, &scaler, world);
+            save_checkpoint(&run_dir.join("last"), &model, &st, &opt, &ema)?;
             if improved {
-                checkpoint::save(&run_dir.join("best"), &model, &state)?;
+                save_checkpoint(&run_dir.join("best"), &model, &st, &opt, &ema)?;
             }
-            metrics_csv::write(&run_dir.join("metrics.csv"), &rows)?;
-            plots::training_curves(&run_dir.join("curves.png"), &rows)?;
+            if cfg.keep > 0 {
+                keep_epoch_checkpoint(&run_dir, epoch + 1, cfg.keep)?;
+            }
+            metrics_csv::write(&run_dir.join("metrics.csv"), &run.history)?;
+            plots::training_curves(&run_dir.join("curves.png"), &run.history)?;
+        }
+        if let Some(tb) = tb.as_mut() {
             let e = (epoch + 1) as i64;
             for (tag, v) in [
                 ("epoch/train_loss", train_loss),
@@ -462,6 +685,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
                 ("epoch/val_loss", ev.loss),
                 ("epoch/val_top1", ev.top1),
                 ("epoch/val_top5", ev.top5),
+                ("epoch/val_macro_f1", macro_f1),
                 ("epoch/lr", lr),
                 ("epoch/images_per_s", row.images_per_s),
                 ("epoch/seconds", row.seconds),
@@ -471,10 +695,13 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             ] {
                 tb.scalar(tag, v, e)?;
             }
+            if let Some(e2) = &ema_ev {
+                tb.scalar("epoch/ema_val_top1", e2.top1, e)?;
+            }
             tb.flush()?;
         }
         say!(
-            "epoch {}/{} {} | train loss {:.4} top1 {:.2}% | val loss {:.4} top1 {:.2}% top5 {:.2}% | lr {:.5} | {:.0} img/s{} | best {:.2}% (epoch {})",
+            "epoch {}/{} {} | train loss {:.4} top1 {:.2}% | val loss {:.4} top1 {:.2}% top5 {:.2}%{} | lr {:.5} | {:.0} img/s{} | best {} {:.4} (epoch {})",
             epoch + 1,
             cfg.epochs,
             fmt_duration(row.seconds),
@@ -483,15 +710,43 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             ev.loss,
             100.0 * ev.top1,
             100.0 * ev.top5,
+            ema_ev.as_ref().map(|e| format!(" (ema {:.2}%)", 100.0 * e.top1)).unwrap_or_default(),
             lr,
             row.images_per_s,
             comm_share.map(|c| format!(" (all-reduce {:.1}% of rank 0's time)", 100.0 * c)).unwrap_or_default()
                 + &if unreadable > 0 { format!(" | {unreadable} unreadable images skipped") } else { String::new() },
-            100.0 * best_top1,
+            cfg.monitor.name(),
+            best_metric,
             best_epoch
         );
+        // A signal that came during validation: the epoch's checkpoint is saved, stop here.
+        if let Some(sig) = agreed_signal(&stop, pg, device, true)? {
+            stopped_by = Some(sig);
+            break;
+        }
+        if schedule::should_stop_early(epoch + 1, best_epoch, cfg.early_stop_patience) {
+            say!(
+                "early stopping: {} has not improved for {} epochs (best {:.4} at epoch {best_epoch})",
+                cfg.monitor.name(),
+                epoch + 1 - best_epoch,
+                best_metric
+            );
+            break;
+        }
     }
-    let (best_epoch, best_ev) = best.expect("epochs >= 1");
+    if let Some(sig) = stopped_by {
+        say!(
+            "stopped by signal {sig}: checkpoint saved in {}; continue with --resume auto",
+            run_dir.join("last").display()
+        );
+        return Ok(RunSummary {
+            best_epoch: run.best.map(|b| b.0).unwrap_or(0),
+            report: None,
+            interrupted: Some(sig),
+        });
+    }
+    let (best_epoch, _) = run.best.expect("at least one epoch ran");
+    let best_ev = run.best_eval.expect("kept with best");
     let report = if is_main {
         write_evaluation(
             &run_dir,
@@ -503,13 +758,258 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         ClassificationReport::new(&classes, &best_ev.targets, &best_ev.preds)
     };
     say!(
-        "done in {}: best val top1 {:.2}% at epoch {}; run directory {}",
+        "done in {}: best {} at epoch {best_epoch} (val top1 {:.2}%); run directory {}",
         fmt_duration(run_start.elapsed().as_secs_f64()),
+        cfg.monitor.name(),
         100.0 * best_ev.top1,
-        best_epoch,
         run_dir.display()
     );
-    Ok(RunSummary { best_epoch, report })
+    Ok(RunSummary {
+        best_epoch,
+        report: Some(report),
+        interrupted: None,
+    })
+}
+
+/// What evolves over the run besides the tensors, and goes into every checkpoint's state.json.
+#[derive(Default)]
+struct RunState {
+    global_step: usize,
+    plateau: PlateauState,
+    history: Vec<EpochRow>,
+    /// (epoch, value of the monitored metric), and that epoch's validation for the final report.
+    best: Option<(usize, f64)>,
+    best_eval: Option<eval::EvalResult>,
+}
+
+impl RunState {
+    fn from_checkpoint(st: &CheckpointState) -> Self {
+        RunState {
+            global_step: st.global_step,
+            plateau: st.plateau.clone(),
+            history: st.history.clone(),
+            best: st.best_epoch.zip(st.best_metric),
+            best_eval: st.best_eval.clone(),
+        }
+    }
+
+    /// The checkpoint state after `epochs_done` epochs, plus `mid_epoch` when inside the next.
+    fn checkpoint_state(
+        &self,
+        cfg: &TrainConfig,
+        classes: &[String],
+        epochs_done: usize,
+        mid_epoch: Option<EpochPosition>,
+        scaler: &Option<amp::GradScaler>,
+        world: usize,
+    ) -> CheckpointState {
+        CheckpointState {
+            ringtrain_version: env!("CARGO_PKG_VERSION").into(),
+            model: cfg.model.clone(),
+            classes: classes.to_vec(),
+            img_size: cfg.img_size,
+            eval_resize: cfg.eval_resize(),
+            mean: cfg.mean.clone(),
+            std: cfg.std.clone(),
+            epoch: epochs_done,
+            global_step: self.global_step,
+            mid_epoch,
+            val_top1: self.history.last().map(|r| r.val_top1),
+            best_val_top1: self.best_eval.as_ref().map(|e| e.top1),
+            best_epoch: self.best.map(|b| b.0),
+            best_metric: self.best.map(|b| b.1),
+            best_eval: self.best_eval.clone(),
+            scaler: scaler.as_ref().map(|s| s.state()),
+            plateau: self.plateau.clone(),
+            history: self.history.clone(),
+            world_size: world,
+            config: cfg.clone(),
+        }
+    }
+}
+
+fn save_checkpoint(dir: &Path, model: &Model, st: &CheckpointState, opt: &Optimizer, ema: &Option<Ema>) -> Result<()> {
+    checkpoint::save(
+        dir,
+        model,
+        st,
+        &checkpoint::Extras {
+            optimizer: Some(opt.state_tensors()),
+            ema: ema.as_ref().map(|e| &e.model),
+        },
+    )
+}
+
+/// The outputs of an earlier run in `run_dir` that a new run replaces.
+fn remove_earlier_run(run_dir: &Path) -> Result<()> {
+    for e in std::fs::read_dir(run_dir)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        let is_checkpoint = ["last", "best"].contains(&name.as_str()) || is_epoch_dir(&name);
+        let is_output = name.starts_with("events.out.tfevents.")
+            || [
+                "report.txt",
+                "metrics.json",
+                "confusion.csv",
+                "confusion.png",
+                "metrics.csv",
+                "curves.png",
+            ]
+            .contains(&name.as_str());
+        if is_checkpoint && path.is_dir() {
+            std::fs::remove_dir_all(&path).with_context(|| format!("removing the earlier run's {}", path.display()))?;
+        } else if is_output && path.is_file() {
+            std::fs::remove_file(&path).with_context(|| format!("removing the earlier run's {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn is_epoch_dir(name: &str) -> bool {
+    name.len() == 10 && name.starts_with("epoch-") && name[6..].bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A kill between an epoch's checkpoint and the files written after it (metrics.csv, curves,
+/// the `--keep` copy) left those a step behind the checkpoint: bring them level on resume.
+fn catch_up_epoch_outputs(cfg: &TrainConfig, st: &CheckpointState) -> Result<()> {
+    let run_dir = &cfg.out;
+    metrics_csv::write(&run_dir.join("metrics.csv"), &st.history)?;
+    if !st.history.is_empty() {
+        plots::training_curves(&run_dir.join("curves.png"), &st.history)?;
+    }
+    // Only when the run that saved it kept epochs too: turning --keep on at resume starts keeping
+    // from the next epoch.
+    let was_kept = cfg.keep > 0 && st.config.keep > 0;
+    if was_kept && st.epoch > 0 && !run_dir.join(format!("epoch-{:04}", st.epoch)).is_dir() {
+        keep_epoch_checkpoint(run_dir, st.epoch, cfg.keep)?;
+    }
+    Ok(())
+}
+
+/// `--keep N`: the epoch's checkpoint as epoch-NNNN/, and only the newest N of those.
+fn keep_epoch_checkpoint(run_dir: &Path, epoch: usize, keep: usize) -> Result<()> {
+    checkpoint::copy(&run_dir.join("last"), &run_dir.join(format!("epoch-{epoch:04}")))?;
+    let mut kept: Vec<PathBuf> = std::fs::read_dir(run_dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(is_epoch_dir))
+        .collect();
+    kept.sort();
+    for old in kept.iter().take(kept.len().saturating_sub(keep)) {
+        std::fs::remove_dir_all(old).with_context(|| format!("removing {}", old.display()))?;
+    }
+    Ok(())
+}
+
+/// The signal a stop was requested with, agreed by all ranks (any rank's request stops all, at
+/// the same step). Under DDP the agreement costs a collective, so callers ask only when `due`
+/// (every 10th step, and at epoch ends); alone it is free and always checked.
+fn agreed_signal(stop: &StopRequest, pg: Option<&ProcessGroup>, device: Device, due: bool) -> Result<Option<i32>> {
+    let Some(pg) = pg.filter(|p| p.world_size > 1) else {
+        return Ok(stop.signal());
+    };
+    if !due {
+        return Ok(None);
+    }
+    let t = Tensor::from(stop.signal().unwrap_or(0) as i64).to_device(device);
+    pg.all_reduce(&t, ReduceOp::Max)?;
+    Ok(match t.int64_value(&[]) {
+        0 => None,
+        s => Some(s as i32),
+    })
+}
+
+/// The seed of libtorch's generator for micro-batch `micro` of `epoch`.
+fn step_seed(seed: u64, epoch: usize, micro: usize) -> i64 {
+    use crate::data::loader::mix;
+    (mix(mix(mix(seed ^ 0x5eed_5eed) ^ epoch as u64) ^ micro as u64) >> 1) as i64
+}
+
+/// Whether the run of checkpoint `dir` has nothing left to do: all epochs trained and, when it is
+/// this --out's own `last/`, the final report written. (Killed after the last epoch's checkpoint
+/// but before the report, a resumed run only writes the report.)
+fn run_is_complete(cfg: &TrainConfig, st: &CheckpointState, dir: &Path) -> bool {
+    let trained = st.epoch >= cfg.epochs && st.mid_epoch.is_none();
+    trained && !(is_own_last(cfg, dir) && !cfg.out.join("report.txt").is_file())
+}
+
+/// Whether `dir` is the `last/` checkpoint of this run's own --out.
+fn is_own_last(cfg: &TrainConfig, dir: &Path) -> bool {
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    canon(dir).is_some() && canon(dir) == canon(&cfg.out.join("last"))
+}
+
+/// A resumed run must train the same model on the same data with the same batch and
+/// optimizer; other settings (epochs, schedule, logging) may change, and are listed.
+fn check_resume(cfg: &TrainConfig, st: &CheckpointState, classes: &[String], dir: &Path, world: usize) -> Result<()> {
+    let c = &st.config;
+    let fixed = [
+        ("--model", cfg.model.clone(), c.model.clone()),
+        ("--img-size", cfg.img_size.to_string(), c.img_size.to_string()),
+        ("--batch-size", cfg.batch_size.to_string(), c.batch_size.to_string()),
+        ("--accum-steps", cfg.accum_steps.to_string(), c.accum_steps.to_string()),
+        (
+            "--optimizer",
+            format!("{:?}", cfg.optimizer),
+            format!("{:?}", c.optimizer),
+        ),
+        ("--seed", cfg.seed.to_string(), c.seed.to_string()),
+        (
+            "--ema",
+            format!("{:?}", cfg.ema.is_some()),
+            format!("{:?}", c.ema.is_some()),
+        ),
+    ];
+    for (flag, ours, theirs) in fixed {
+        if ours != theirs {
+            return Err(user_error(format!(
+                "--resume {}: the run was trained with {flag} {theirs}, this command gives {ours}; resume with the same value",
+                dir.display()
+            )));
+        }
+    }
+    if st.classes != classes {
+        return Err(user_error(format!(
+            "--resume {}: the checkpoint's {} classes differ from the {} classes under --data",
+            dir.display(),
+            st.classes.len(),
+            classes.len()
+        )));
+    }
+    if run_is_complete(cfg, st, dir) && cfg.resume.as_deref() != Some("auto") {
+        return Err(user_error(format!(
+            "--resume {}: the run already finished its {} epochs; raise --epochs to train further",
+            dir.display(),
+            st.epoch
+        )));
+    }
+    let (ours, theirs) = (toml::Table::try_from(cfg)?, toml::Table::try_from(c)?);
+    let changed: Vec<String> = ours
+        .iter()
+        .filter(|(k, v)| !["out", "overwrite"].contains(&k.as_str()) && theirs.get(*k) != Some(v))
+        .map(|(k, v)| match theirs.get(k) {
+            Some(old) => format!("{k} {old} → {v}"),
+            None => format!("{k} = {v}"),
+        })
+        .collect();
+    if !changed.is_empty() {
+        say!("resume: changed settings: {}", changed.join(", "));
+    }
+    if st.world_size != world {
+        say!(
+            "resume: the run had {} ranks, now {world}: the global batch ({}) and the learning rate are kept; per-rank batches change from {} to {}{}",
+            st.world_size,
+            cfg.batch_size,
+            cfg.batch_size / st.world_size.max(1),
+            cfg.batch_size / world,
+            if st.mid_epoch.is_some() {
+                "; the interrupted epoch continues at the same step, but its remaining batches are drawn from a different split of the epoch among ranks"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,37 +1,279 @@
-//! Optimizers (tch's SGD, Adam, AdamW, with PyTorch's update rules) and global-norm clipping.
-use anyhow::Result;
-use tch::nn::{self, OptimizerConfig};
-use tch::Tensor;
+//! SGD, Adam and AdamW with PyTorch's update rules, on torch.optim's fused kernels (reached
+//! through the shim), with their state held here in the open so checkpoints can save and restore
+//! it by parameter name. Parameters fall into groups that differ in learning-rate multiplier
+//! (`--head-lr-mult`) and weight decay (`--no-bn-weight-decay`).
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use anyhow::{bail, Result};
+use tch::{Kind, Tensor};
 
 use crate::config::{OptimizerKind, TrainConfig};
+use crate::shim::{self, AdamParams, SgdParams};
 
-pub fn build(cfg: &TrainConfig, vs: &nn::VarStore) -> Result<nn::Optimizer> {
-    let wd = cfg.weight_decay;
-    Ok(match cfg.optimizer {
-        OptimizerKind::Sgd => nn::Sgd {
+/// Parameters that share a learning-rate multiplier and a weight decay.
+pub struct Group {
+    pub lr_mult: f64,
+    pub weight_decay: f64,
+    pub names: Vec<String>,
+    pub params: Vec<Tensor>,
+    state: GroupState,
+}
+
+/// One entry per parameter of the group, in the group's order.
+enum GroupState {
+    /// Momentum buffers (empty when momentum is 0). They start at zero rather than torch's
+    /// "copy the first gradient": with dampening 0 that is the same update, bit for bit, and a
+    /// first step skipped for an fp16 overflow cannot leave them uninitialised.
+    Sgd { bufs: Vec<Tensor> },
+    Adam {
+        exp_avg: Vec<Tensor>,
+        exp_avg_sq: Vec<Tensor>,
+        /// float32 scalars on the parameter's device, as torch's fused Adam keeps them.
+        step: Vec<Tensor>,
+    },
+}
+
+pub struct Optimizer {
+    kind: OptimizerKind,
+    momentum: f64,
+    nesterov: bool,
+    pub groups: Vec<Group>,
+}
+
+/// How a parameter is placed: (learning-rate multiplier, weight decay).
+pub struct Placement<'a> {
+    pub head_prefix: &'a str,
+    pub head_lr_mult: f64,
+    /// Names that get no weight decay (BatchNorm weights and biases with `--no-bn-weight-decay`).
+    pub no_decay: &'a HashSet<String>,
+}
+
+impl Optimizer {
+    /// An optimizer over `params` (name, tensor), in name order, grouped by `placement`.
+    pub fn new(cfg: &TrainConfig, params: &[(String, Tensor)], placement: &Placement) -> Self {
+        let head = format!("{}.", placement.head_prefix);
+        let mut by_key: BTreeMap<(u64, u64), Vec<&(String, Tensor)>> = BTreeMap::new();
+        let mut sorted: Vec<&(String, Tensor)> = params.iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        for p in sorted {
+            let mult = if p.0.starts_with(&head) {
+                placement.head_lr_mult
+            } else {
+                1.0
+            };
+            let wd = if placement.no_decay.contains(&p.0) {
+                0.0
+            } else {
+                cfg.weight_decay
+            };
+            by_key.entry((mult.to_bits(), wd.to_bits())).or_default().push(p);
+        }
+        let groups = by_key
+            .into_iter()
+            .map(|((mult, wd), ps)| {
+                let params: Vec<Tensor> = ps.iter().map(|p| p.1.shallow_clone()).collect();
+                let zeros = || -> Vec<Tensor> { params.iter().map(|p| p.zeros_like()).collect() };
+                let state = match cfg.optimizer {
+                    OptimizerKind::Sgd if cfg.momentum == 0.0 => GroupState::Sgd { bufs: Vec::new() },
+                    OptimizerKind::Sgd => GroupState::Sgd { bufs: zeros() },
+                    OptimizerKind::Adam | OptimizerKind::Adamw => GroupState::Adam {
+                        exp_avg: zeros(),
+                        exp_avg_sq: zeros(),
+                        step: params
+                            .iter()
+                            .map(|p| Tensor::zeros([], (Kind::Float, p.device())))
+                            .collect(),
+                    },
+                };
+                Group {
+                    lr_mult: f64::from_bits(mult),
+                    weight_decay: f64::from_bits(wd),
+                    names: ps.iter().map(|p| p.0.clone()).collect(),
+                    params,
+                    state,
+                }
+            })
+            .collect();
+        Optimizer {
+            kind: cfg.optimizer,
             momentum: cfg.momentum,
-            dampening: 0.0,
-            wd,
             nesterov: cfg.nesterov,
+            groups,
         }
-        .build(vs, cfg.lr)?,
-        OptimizerKind::Adam => nn::Adam {
-            wd,
-            ..Default::default()
+    }
+
+    pub fn params(&self) -> impl Iterator<Item = &Tensor> {
+        self.groups.iter().flat_map(|g| g.params.iter())
+    }
+
+    /// `zero_grad(set_to_none=True)`.
+    pub fn zero_grad(&self) -> Result<()> {
+        for g in &self.groups {
+            shim::clear_grads(&g.params)?;
         }
-        .build(vs, cfg.lr)?,
-        OptimizerKind::Adamw => nn::AdamW {
-            wd,
-            ..Default::default()
+        Ok(())
+    }
+
+    /// One step at learning rate `lr` (times each group's multiplier). Parameters without a
+    /// gradient are left alone, as in torch. With `found_inf` holding 1 (an fp16 overflow)
+    /// the step changes nothing, decided on the device.
+    pub fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+        let (momentum, nesterov, kind) = (self.momentum, self.nesterov, self.kind);
+        for g in &mut self.groups {
+            let lr = lr * g.lr_mult;
+            let with_grad: Vec<usize> = (0..g.params.len()).filter(|&i| g.params[i].grad().defined()).collect();
+            let params: Vec<Tensor> = with_grad.iter().map(|&i| g.params[i].shallow_clone()).collect();
+            let grads: Vec<Tensor> = with_grad.iter().map(|&i| g.params[i].grad()).collect();
+            if params.is_empty() {
+                continue;
+            }
+            match &mut g.state {
+                GroupState::Sgd { bufs } => {
+                    let h = SgdParams {
+                        lr,
+                        momentum,
+                        dampening: 0.0,
+                        weight_decay: g.weight_decay,
+                        nesterov,
+                    };
+                    // No buffers without momentum: torch passes an empty list then.
+                    let b: Vec<Tensor> = match bufs.is_empty() {
+                        true => Vec::new(),
+                        false => with_grad.iter().map(|&i| bufs[i].shallow_clone()).collect(),
+                    };
+                    shim::fused_sgd(&params, &grads, &b, h, false, found_inf)?;
+                }
+                GroupState::Adam {
+                    exp_avg,
+                    exp_avg_sq,
+                    step,
+                } => {
+                    let pick = |v: &[Tensor]| with_grad.iter().map(|&i| v[i].shallow_clone()).collect::<Vec<_>>();
+                    let h = AdamParams {
+                        lr,
+                        beta1: 0.9,
+                        beta2: 0.999,
+                        eps: 1e-8,
+                        weight_decay: g.weight_decay,
+                        decoupled: kind == OptimizerKind::Adamw,
+                    };
+                    shim::fused_adam(
+                        &params,
+                        &grads,
+                        &pick(exp_avg),
+                        &pick(exp_avg_sq),
+                        &pick(step),
+                        h,
+                        found_inf,
+                    )?;
+                }
+            }
         }
-        .build(vs, cfg.lr)?,
-    })
+        Ok(())
+    }
+
+    /// The state as named tensors, `<parameter>.<momentum_buffer|exp_avg|exp_avg_sq|step>`
+    /// (torch.optim's state keys), for `optimizer.safetensors`.
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for g in &self.groups {
+            for (i, name) in g.names.iter().enumerate() {
+                match &g.state {
+                    GroupState::Sgd { bufs } => {
+                        if let Some(b) = bufs.get(i) {
+                            out.push((format!("{name}.momentum_buffer"), b.shallow_clone()));
+                        }
+                    }
+                    GroupState::Adam {
+                        exp_avg,
+                        exp_avg_sq,
+                        step,
+                    } => {
+                        out.push((format!("{name}.exp_avg"), exp_avg[i].shallow_clone()));
+                        out.push((format!("{name}.exp_avg_sq"), exp_avg_sq[i].shallow_clone()));
+                        out.push((format!("{name}.step"), step[i].shallow_clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Restores `state_tensors` output (values copied into this optimizer's tensors, keeping
+    /// their device and memory format). Every entry must fit; unknown ones are an error.
+    pub fn load_state(&mut self, saved: HashMap<String, Tensor>) -> Result<()> {
+        let mut used = 0;
+        tch::no_grad(|| -> Result<()> {
+            for g in &mut self.groups {
+                for (i, name) in g.names.iter().enumerate() {
+                    let get = |key: &str| saved.get(&format!("{name}.{key}"));
+                    let copy = |dst: &Tensor, src: &Tensor, key: &str| -> Result<()> {
+                        if dst.size() != src.size() {
+                            bail!("{name}.{key} has shape {:?}, expected {:?}", src.size(), dst.size());
+                        }
+                        dst.shallow_clone().copy_(src);
+                        Ok(())
+                    };
+                    match &mut g.state {
+                        GroupState::Sgd { bufs } => {
+                            if let Some(dst) = bufs.get(i) {
+                                match get("momentum_buffer") {
+                                    Some(src) => copy(dst, src, "momentum_buffer")?,
+                                    None => bail!("missing {name}.momentum_buffer"),
+                                }
+                                used += 1;
+                            }
+                        }
+                        GroupState::Adam {
+                            exp_avg,
+                            exp_avg_sq,
+                            step,
+                        } => {
+                            for (key, dst) in [
+                                ("exp_avg", &exp_avg[i]),
+                                ("exp_avg_sq", &exp_avg_sq[i]),
+                                ("step", &step[i]),
+                            ] {
+                                match get(key) {
+                                    Some(src) => copy(dst, src, key)?,
+                                    None => bail!("missing {name}.{key}"),
+                                }
+                                used += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        if used != saved.len() {
+            bail!(
+                "{} saved entries match no parameter of this optimizer (another optimizer or model?)",
+                saved.len() - used
+            );
+        }
+        Ok(())
+    }
+}
+
+/// BatchNorm weights and biases: the parameters `X.weight`/`X.bias` of a module `X` that has a
+/// `running_mean` buffer.
+pub fn batch_norm_params(names: &[String]) -> HashSet<String> {
+    let all: HashSet<&str> = names.iter().map(|s| s.as_str()).collect();
+    names
+        .iter()
+        .filter(|n| {
+            let prefix = n.rsplit_once('.').map(|(p, _)| p).unwrap_or("");
+            (n.ends_with(".weight") || n.ends_with(".bias")) && all.contains(format!("{prefix}.running_mean").as_str())
+        })
+        .cloned()
+        .collect()
 }
 
 /// `torch.nn.utils.clip_grad_norm_`: scales all gradients by min(1, max_norm / (norm + 1e-6))
 /// without reading the norm back to the host. Returns the total norm (a 0-d device tensor).
-pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Tensor {
-    let grads: Vec<Tensor> = params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
+pub fn clip_grad_norm<'a>(params: impl IntoIterator<Item = &'a Tensor>, max_norm: f64) -> Tensor {
+    let grads: Vec<Tensor> = params.into_iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
     if grads.is_empty() {
         return Tensor::from(0.0f32);
     }
@@ -63,5 +305,25 @@ mod tests {
         assert!((b.grad().double_value(&[0]) - 0.8).abs() < 1e-5);
         let _ = clip_grad_norm(&[a.shallow_clone(), b.shallow_clone()], 10.0);
         assert!((a.grad().double_value(&[0]) - 0.6).abs() < 1e-5);
+    }
+
+    #[test]
+    fn batch_norm_params_are_found_by_their_running_mean() {
+        let names: Vec<String> = [
+            "conv1.weight",
+            "bn1.weight",
+            "bn1.bias",
+            "bn1.running_mean",
+            "layer1.0.downsample.1.weight",
+            "layer1.0.downsample.1.running_mean",
+            "fc.weight",
+            "fc.bias",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut got: Vec<String> = batch_norm_params(&names).into_iter().collect();
+        got.sort();
+        assert_eq!(got, ["bn1.bias", "bn1.weight", "layer1.0.downsample.1.weight"]);
     }
 }

@@ -10,7 +10,12 @@ pub fn python() -> String {
 }
 
 pub fn run_python(args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/torchvision_reference.py");
+    run_python_script("torchvision_reference.py", args)
+}
+
+/// Runs `tests/py/<script>` with `args` and returns its standard output.
+pub fn run_python_script(script: &str, args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py").join(script);
     let out = Command::new(python())
         .arg(script)
         .args(args)
@@ -31,9 +36,21 @@ pub fn shared_data(rel: &str) -> PathBuf {
     p
 }
 
-pub fn ringtrain(args: &[&str]) -> Output {
+pub fn ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ringtrain"))
         .args(args)
         .output()
         .expect("running ringtrain")
+}
+
+/// An ImageFolder tree of the demo's procedural shapes (36 px): `per_class` PNGs per class.
+pub fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
+    for (c, name) in classes.iter().enumerate() {
+        std::fs::create_dir_all(root.join(name)).unwrap();
+        for i in 0..per_class {
+            ringtrain::data::demo::render(c, 36, 3, i as u64)
+                .save(root.join(name).join(format!("{i}.png")))
+                .unwrap();
+        }
+    }
 }

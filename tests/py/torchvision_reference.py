@@ -4,11 +4,16 @@
       OUTDIR/NAME.safetensors (state_dict) and OUTDIR/NAME.io.safetensors (input, eval and
       train-mode logits)
   torchvision_reference.py evaluate MODEL NUM_CLASSES CKPT ROOT SIZE RESIZE   top-1 in PyTorch
+  torchvision_reference.py predict_logits CKPT_DIR CSV   max |logit diff| between `ringtrain predict
+      --logits` and torchvision's model with the checkpoint loaded, on the CSV's images
   torchvision_reference.py sklearn_report JSON     sklearn's classification_report(output_dict=True)
   torchvision_reference.py tensorboard_scalars DIR scalars and texts as TensorBoard's reader sees them
   torchvision_reference.py grad_scaler STEPS BAD    GradScaler's scale and step decisions
   torchvision_reference.py pixel_stats ROOT        per-channel mean/std over all pixels (NumPy)
   torchvision_reference.py imagefolder ROOT        JSON: classes and samples as ImageFolder sees them
+  torchvision_reference.py optimizer IN OUT KIND IMPL  torch.optim steps on a scripted problem
+  torchvision_reference.py plateau METRICS MODE ...  ReduceLROnPlateau's LR after each metric
+  torchvision_reference.py ema STATES K DECAY OUT   AveragedModel EMA (use_buffers) of resnet18 states
 """
 import json
 import sys
@@ -76,6 +81,29 @@ def evaluate(name, num_classes, ckpt, root, size, resize):
     print(correct / len(ds))
 
 
+def predict_logits(ckpt_dir, csv_path):
+    """Loads a ringtrain checkpoint into torchvision by name (strict), runs the images listed in
+    ringtrain's predict CSV through torchvision's own eval transforms and compares the logits."""
+    import csv
+    from PIL import Image
+    from safetensors.torch import load_file
+    from torchvision import transforms as T
+
+    st = json.load(open(f"{ckpt_dir}/state.json"))
+    m = getattr(torchvision.models, st["model"])(num_classes=len(st["classes"]))
+    m.load_state_dict(load_file(f"{ckpt_dir}/model.safetensors"), strict=True)
+    m.eval()
+    tf = T.Compose([T.Resize(st["eval_resize"]), T.CenterCrop(st["img_size"]), T.ToTensor(),
+                    T.Normalize(st["mean"], st["std"])])
+    rows = list(csv.DictReader(open(csv_path)))
+    x = torch.stack([tf(Image.open(r["path"]).convert("RGB")) for r in rows])
+    ours = torch.tensor([[float(r[f"logit_{c}"]) for c in st["classes"]] for r in rows])
+    with torch.no_grad():
+        theirs = m(x)
+    print(json.dumps({"images": len(rows), "max_abs_diff": (ours - theirs).abs().max().item(),
+                      "logit_scale": theirs.abs().max().item()}))
+
+
 def sklearn_report(path):
     """sklearn's classification_report(output_dict=True) for {"targets","preds","classes"}."""
     import warnings
@@ -121,6 +149,89 @@ def grad_scaler(steps, bad):
     print(json.dumps(out))
 
 
+# The scripted optimizer problem shared with tests/optim.rs.
+OPT_LRS = [0.1, 0.08, 0.05, 0.05, 0.02, 0.01]
+OPT_SKIPPED_STEP = 3  # found_inf = 1: the step must change nothing
+OPT_HEAD_MULT = 10.0
+
+
+def opt_grad(p, k):
+    return torch.sin(p * (k + 1)) + 0.1 * k
+
+
+def optimizer(inp, out, kind, impl):
+    """Runs torch.optim.{SGD, Adam, AdamW} (kind: sgd, sgd_nesterov, sgd_plain, adam, adamw) with
+    impl "fused" or "forloop" on the parameters in IN: groups body (decay), bn.* (no decay),
+    fc.* (head, 10x lr); gradient sin(p * (k + 1)) + 0.1 k at step k; the step OPT_SKIPPED_STEP
+    gets found_inf = 1 as GradScaler passes it. Writes final parameters and state to OUT."""
+    from safetensors.torch import load_file
+    init = load_file(inp)
+    ps = {k: torch.nn.Parameter(v.clone()) for k, v in init.items()}
+    wd = {"sgd": 1e-4, "sgd_nesterov": 1e-3, "sgd_plain": 1e-2, "adam": 1e-2, "adamw": 0.05}[kind]
+    groups = [
+        {"params": [ps["body.weight"]], "weight_decay": wd, "mult": 1.0},
+        {"params": [ps["bn.bias"], ps["bn.weight"]], "weight_decay": 0.0, "mult": 1.0},
+        {"params": [ps["fc.bias"], ps["fc.weight"]], "weight_decay": wd, "mult": OPT_HEAD_MULT},
+    ]
+    flags = {"fused": True} if impl == "fused" else {"foreach": False}
+    if kind.startswith("sgd"):
+        momentum = 0.0 if kind == "sgd_plain" else 0.9
+        opt = torch.optim.SGD(groups, lr=0.1, momentum=momentum, nesterov=kind == "sgd_nesterov", **flags)
+    elif kind == "adam":
+        opt = torch.optim.Adam(groups, lr=0.1, **flags)
+    else:
+        opt = torch.optim.AdamW(groups, lr=0.1, **flags)
+    for k, lr in enumerate(OPT_LRS):
+        for g in opt.param_groups:
+            g["lr"] = lr * g["mult"]
+        for p in ps.values():
+            p.grad = opt_grad(p.detach(), k)
+        if k == OPT_SKIPPED_STEP:
+            if impl != "fused":
+                continue  # what GradScaler does for optimizers without found_inf support
+            opt.found_inf = torch.ones(())
+            opt.grad_scale = None
+            opt.step()
+            del opt.found_inf, opt.grad_scale
+        else:
+            opt.step()
+    result = {k: v.detach().contiguous() for k, v in ps.items()}
+    for name, p in ps.items():
+        for key, v in opt.state[p].items():
+            if torch.is_tensor(v):
+                result[f"{name}.{key}"] = v.detach().float().contiguous().reshape(v.shape)
+    save_file(result, out)
+
+
+def plateau(metrics, mode, factor, patience, threshold, cooldown, min_lr):
+    """torch's ReduceLROnPlateau (lr 1.0) on a metric sequence: the LR after each step(metric)."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    s = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        opt, mode=mode, factor=float(factor), patience=int(patience), threshold=float(threshold),
+        cooldown=int(cooldown), min_lr=float(min_lr))
+    out = []
+    for m in metrics.split(","):
+        s.step(float(m))
+        out.append(opt.param_groups[0]["lr"])
+    print(json.dumps(out))
+
+
+def ema(states, k, decay, out):
+    """torch.optim.swa_utils.AveragedModel with get_ema_multi_avg_fn(DECAY) and use_buffers=True
+    (torchvision's reference ExponentialMovingAverage) over resnet18(num_classes=7) states
+    "0.<name>" ... "K.<name>" from STATES; writes the averaged state_dict to OUT."""
+    from safetensors.torch import load_file
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    st = load_file(states)
+    m = torchvision.models.resnet18(num_classes=NUM_CLASSES)
+    avg = AveragedModel(m, multi_avg_fn=get_ema_multi_avg_fn(float(decay)), use_buffers=True)
+    for i in range(int(k) + 1):
+        m.load_state_dict({n[len(f"{i}."):]: v for n, v in st.items() if n.startswith(f"{i}.")})
+        avg.update_parameters(m)
+    save_file({n: v.contiguous() for n, v in avg.module.state_dict().items()}, out)
+
+
 def pixel_stats(root):
     """Per-channel mean and population std over all pixels of an ImageFolder tree, with NumPy."""
     import numpy as np
@@ -147,6 +258,8 @@ if __name__ == "__main__":
         models(sys.argv[2], sys.argv[3:])
     elif sys.argv[1] == "evaluate":
         evaluate(*sys.argv[2:])
+    elif sys.argv[1] == "predict_logits":
+        predict_logits(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "sklearn_report":
         sklearn_report(sys.argv[2])
     elif sys.argv[1] == "tensorboard_scalars":
@@ -155,6 +268,12 @@ if __name__ == "__main__":
         grad_scaler(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "pixel_stats":
         pixel_stats(sys.argv[2])
+    elif sys.argv[1] == "optimizer":
+        optimizer(*sys.argv[2:])
+    elif sys.argv[1] == "ema":
+        ema(*sys.argv[2:])
+    elif sys.argv[1] == "plateau":
+        plateau(*sys.argv[2:])
     elif sys.argv[1] == "imagefolder":
         imagefolder(sys.argv[2])
     else:

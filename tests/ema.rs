@@ -1,0 +1,77 @@
+//! The weights' moving average (`--ema`) against torch's AveragedModel with
+//! get_ema_multi_avg_fn and use_buffers=True (torchvision's reference ExponentialMovingAverage).
+//! Its own test binary: nothing else runs in the process meanwhile.
+mod common;
+
+use std::collections::HashMap;
+
+use tch::{Device, Tensor};
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+#[test]
+fn ema_matches_torch_averaged_model() {
+    use ringtrain::model::Model;
+    use ringtrain::train::ema::Ema;
+    let dir = tempfile::tempdir().unwrap();
+    tch::manual_seed(3);
+    let mut m = Model::new("resnet18", 7, Device::Cpu).unwrap();
+    let mut ema = Ema::new(&m, 7, 0.8).unwrap();
+    let mut states: Vec<(String, Tensor)> = Vec::new();
+    let snapshot = |m: &Model, k: usize, out: &mut Vec<(String, Tensor)>| {
+        // state_dict aliases the live CPU tensors: copy, as they change in place below.
+        out.extend(m.state_dict().into_iter().map(|(n, t)| (format!("{k}.{n}"), t.copy())));
+    };
+    snapshot(&m, 0, &mut states);
+    let k = 2;
+    for step in 1..=k {
+        // A "training step": every float parameter and buffer moves (variances stay positive).
+        tch::no_grad(|| {
+            for (name, v) in m.vs.variables() {
+                let mut v = v.shallow_clone();
+                let delta = v.randn_like() * 0.1;
+                let _ = if name.ends_with("running_var") {
+                    v.g_add_(&delta.abs())
+                } else {
+                    v.g_add_(&delta)
+                };
+            }
+        });
+        m.bn_batches += 1;
+        ema.update(m.bn_batches);
+        snapshot(&m, step, &mut states);
+    }
+    let input = dir.path().join("states.safetensors");
+    Tensor::write_safetensors(&states.iter().map(|(n, t)| (n.as_str(), t)).collect::<Vec<_>>(), &input).unwrap();
+    let out = dir.path().join("torch_ema.safetensors");
+    common::run_python(&[
+        "ema",
+        input.to_str().unwrap(),
+        &k.to_string(),
+        "0.8",
+        out.to_str().unwrap(),
+    ]);
+    let theirs: HashMap<String, Tensor> = Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+    let ours = ema.model.state_dict();
+    // The weights moved, so the average lags behind them (the test is not vacuous).
+    let now = m.state_dict();
+    assert!(max_diff(&ours["fc.weight"], &now["fc.weight"]) > 1e-3);
+    assert!(max_diff(&ours["bn1.running_var"], &now["bn1.running_var"]) > 1e-3);
+    let mut compared = 0;
+    for (name, want) in &theirs {
+        // torch averages num_batches_tracked as an integer (truncating); we carry the count.
+        if name.ends_with("num_batches_tracked") {
+            continue;
+        }
+        let d = max_diff(&ours[name], want);
+        assert!(d <= 1e-6, "EMA {name} differs from torch's AveragedModel by {d}");
+        compared += 1;
+    }
+    assert_eq!(
+        compared,
+        ours.len() - 20,
+        "every float tensor compared (resnet18 has 20 BatchNorms)"
+    );
+}
