@@ -353,3 +353,69 @@ fn bad_rendezvous_fails_clearly_within_the_timeout() {
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
+
+/// Preemption of a 2-rank job: SIGTERM to the launcher reaches both workers, which agree on a
+/// step, save `last/` there and exit; the launcher exits 128 + 15 without calling it a failure.
+/// The run then resumes on 1 process (and later on 2 again): the global batch is kept and the
+/// change is said.
+#[test]
+fn sigterm_saves_the_job_and_it_resumes_with_another_world_size() {
+    let d = data(40); // 120 images, global batch 4: 30 steps an epoch
+    let out = d.root.join("preempted");
+    let mut args = train_args(&d, &out, "lenet5");
+    set(&mut args, "--epochs", "3");
+    set(&mut args, "--batch-size", "4");
+    set(&mut args, "--log-every", "1");
+    set(&mut args, "--lr", "0.01");
+    let mut two = args.clone();
+    two.extend(["--nproc-per-node".into(), "2".into()]);
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(&two)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = launcher.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut sent = false;
+    use std::io::BufRead;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if !sent && line.contains("epoch 2/3 step 3/30") {
+            unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) };
+            sent = true;
+        }
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+    let o = launcher.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(sent, "never reached epoch 2: {seen}\n{stderr}");
+    assert_eq!(o.status.code(), Some(143), "{seen}\n{stderr}");
+    assert!(!stderr.contains("error"), "a requested stop is no failure: {stderr}");
+    let st: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("last/state.json")).unwrap()).unwrap();
+    assert_eq!(st["world_size"], 2, "{st}");
+    assert_eq!(st["epoch"], 1, "{st}");
+    // The ranks agree on stopping every 10 steps: the save is at step 10 of epoch 2.
+    assert_eq!(st["mid_epoch"]["steps"], 10, "{st}");
+
+    let mut resumed = args.clone();
+    resumed.extend(["--resume".into(), "auto".into()]);
+    let o = run(&resumed);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("the run had 2 ranks, now 1: the global batch (4)") && stdout.contains("from 2 to 4"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("epoch 3/3"), "{stdout}");
+    let rows = |p: &Path| std::fs::read_to_string(p.join("metrics.csv")).unwrap().lines().count();
+    assert_eq!(rows(&out), 4, "header and 3 epochs");
+
+    set(&mut resumed, "--epochs", "4");
+    resumed.extend(["--nproc-per-node".into(), "2".into()]);
+    let o = run(&resumed);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("the run had 1 ranks, now 2"), "{stdout}");
+    assert!(stdout.contains("[rank 0] epoch 4/4"), "{stdout}");
+    assert_eq!(rows(&out), 5);
+}

@@ -77,6 +77,11 @@ fn interrupt(args: &[String], when: &str, signal: i32) -> Option<i32> {
         let line = line.unwrap();
         if !sent && line.contains(when) {
             unsafe { libc::kill(child.id() as i32, signal) };
+            if signal == libc::SIGTERM {
+                // Delivered twice at once (a launcher's forward and the terminal's own, Slurm
+                // signalling every process): still one request, and the checkpoint is saved.
+                unsafe { libc::kill(child.id() as i32, signal) };
+            }
             sent = true;
         }
     }

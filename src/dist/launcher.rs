@@ -1,7 +1,8 @@
 //! The built-in launcher (`--nproc-per-node N`): starts N workers of this same binary with the
 //! same arguments, each with torchrun's environment variables, like `torch.multiprocessing.spawn`.
 //! - Output: each line prefixed with `[rank R]`; only rank 0 prints progress (the workers decide).
-//! - Signals: SIGINT and SIGTERM are forwarded to the workers.
+//! - Signals: SIGINT and SIGTERM are forwarded to the workers, which save a checkpoint and exit
+//!   with 128 + the signal; the launcher then exits with that code too.
 //! - Failure: when a worker fails, the others get SIGTERM (SIGKILL 10 s later), and the launcher
 //!   exits non-zero naming the rank and how it ended. Workers die with the launcher (PDEATHSIG).
 use std::io::{BufRead, BufReader, Write};
@@ -123,10 +124,14 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
             }
         }
     };
+    // A forwarded SIGTERM/SIGINT (preemption, Ctrl-C): workers then save and exit with 128 + it,
+    // which is the expected end, not a failure.
+    let mut forwarded: Option<i32> = None;
     while status.iter().any(Option::is_none) {
         let sig = SIGNAL.swap(0, Ordering::SeqCst);
         if sig != 0 {
             signal_all(&children, &status, sig);
+            forwarded.get_or_insert(sig);
         }
         for (i, (rank, child)) in children.iter_mut().enumerate() {
             if status[i].is_some() {
@@ -134,7 +139,8 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
             }
             if let Some(s) = child.try_wait()? {
                 status[i] = Some(s);
-                if !s.success() && first_failure.is_none() {
+                let stopped_as_asked = forwarded.is_some_and(|f| s.code() == Some(128 + f));
+                if !s.success() && !stopped_as_asked && first_failure.is_none() {
                     first_failure = Some((*rank, child.id(), s));
                     kill_deadline = Some(Instant::now() + Duration::from_secs(10));
                 }
@@ -152,7 +158,7 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
         let _ = r.join();
     }
     let Some((rank, pid, s)) = first_failure else {
-        return Ok(0);
+        return Ok(forwarded.map(|f| 128 + f).unwrap_or(0));
     };
     let others: Vec<String> = children
         .iter()

@@ -66,18 +66,29 @@ fn one() -> usize {
     1
 }
 
+/// JSON has no NaN: serde_json writes a NaN (a diverged loss, say) as null, and this reads it
+/// back, so the checkpoint of a run that went wrong still loads.
+pub fn f64_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// How far an unfinished epoch went, so a resumed run takes exactly the remaining steps and
 /// reports the same epoch figures. Sums are over all ranks.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct EpochPosition {
     /// Optimizer steps done in the epoch.
     pub steps: usize,
+    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub loss_sum: f64,
+    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub correct: f64,
+    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub seen: f64,
+    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub skipped_steps: f64,
     pub unreadable: usize,
     /// Training seconds spent in the epoch before the checkpoint.
+    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub seconds: f64,
 }
 
@@ -190,4 +201,24 @@ pub fn resume_dir(resume: &str, out: &Path) -> Result<Option<PathBuf>> {
         );
     }
     Ok(Some(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_diverged_runs_nan_figures_survive_state_json() {
+        let pos = EpochPosition {
+            steps: 3,
+            loss_sum: f64::NAN,
+            correct: 2.0,
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&pos).unwrap();
+        assert!(json.contains("\"loss_sum\":null"), "{json}");
+        let back: EpochPosition = serde_json::from_str(&json).unwrap();
+        assert!(back.loss_sum.is_nan());
+        assert_eq!((back.steps, back.correct), (3, 2.0));
+    }
 }

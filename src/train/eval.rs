@@ -9,8 +9,11 @@ use crate::model::Model;
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct EvalResult {
+    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub loss: f64,
+    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub top1: f64,
+    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub top5: f64,
     pub targets: Vec<i64>,
     pub preds: Vec<i64>,

@@ -1,28 +1,48 @@
 //! SIGTERM/SIGINT (Slurm preemption, Ctrl-C) ask the run to stop: the loop sees the request at
 //! the next optimizer step, saves `last` with its position in the epoch and exits, so
-//! `--resume auto` continues exactly there. A second signal exits at once.
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+//! `--resume auto` continues exactly there. A second signal at least a second after the first
+//! exits at once (an impatient Ctrl-C); one sooner is taken as the same request delivered twice
+//! (a terminal's Ctrl-C reaches a worker directly and through the launcher, Slurm signals every
+//! process of a step), which must not cost the checkpoint.
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::flag;
+
+/// Repeats closer than this to the first signal are duplicates.
+const DUPLICATE_WINDOW_MS: i64 = 1000;
 
 #[derive(Clone)]
 pub struct StopRequest {
     signal: Arc<AtomicUsize>,
 }
 
+/// Milliseconds on the monotonic clock; clock_gettime is async-signal-safe.
+fn now_ms() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+}
+
 impl StopRequest {
     pub fn install() -> Result<Self> {
-        let requested = Arc::new(AtomicBool::new(false));
         let signal = Arc::new(AtomicUsize::new(0));
+        let first_at = Arc::new(AtomicI64::new(0));
         for sig in [SIGTERM, SIGINT] {
-            // Registered first, so it runs only when an earlier signal already set `requested`.
-            flag::register_conditional_shutdown(sig, 128 + sig, requested.clone())
-                .context("installing signal handlers")?;
-            flag::register(sig, requested.clone()).context("installing signal handlers")?;
-            flag::register_usize(sig, signal.clone(), sig as usize).context("installing signal handlers")?;
+            let (signal, first_at) = (signal.clone(), first_at.clone());
+            let handler = move || {
+                // Only atomics, clock_gettime and _exit here: all async-signal-safe.
+                let now = now_ms();
+                match first_at.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => signal.store(sig as usize, Ordering::SeqCst),
+                    Err(first) if now - first >= DUPLICATE_WINDOW_MS => unsafe { libc::_exit(128 + sig) },
+                    Err(_) => {}
+                }
+            };
+            // SAFETY: the handler does only async-signal-safe work (see above).
+            unsafe { signal_hook::low_level::register(sig, handler) }.context("installing signal handlers")?;
         }
         Ok(StopRequest { signal })
     }
