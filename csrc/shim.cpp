@@ -102,6 +102,13 @@ int rt_clear_grads(rt_tensor** params, int n) {
   });
 }
 
+rt_tensor* rt_empty_pinned(const int64_t* sizes, int ndim, int dtype) {
+  return rt_guard<rt_tensor*>([&] {
+    auto opts = at::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype)).pinned_memory(true);
+    return new at::Tensor(at::empty(c10::IntArrayRef(sizes, ndim), opts));
+  }, nullptr);
+}
+
 int64_t rt_cuda_peak_memory(int device, int reset) {
 #ifdef RT_WITH_CUDA
   return rt_guard<int64_t>([&]() -> int64_t {

@@ -41,6 +41,12 @@ int rt_set_grad(rt_tensor* param, rt_tensor* grad);
 // zero_grad(set_to_none=True): the gradients become undefined.
 int rt_clear_grads(rt_tensor** params, int n);
 
+// An uninitialised CPU tensor in page-locked memory from PyTorch's pinned-memory caching
+// allocator (blocks are reused, and not while an asynchronous copy from them is pending), so a
+// host-to-GPU copy from it can be asynchronous. dtype uses c10::ScalarType values. Needs a
+// CUDA device: null (and the error) without one.
+rt_tensor* rt_empty_pinned(const int64_t* sizes, int ndim, int dtype);
+
 // Peak bytes allocated by the CUDA caching allocator on `device` since the last reset
 // (reset != 0 resets and returns 0); -1 without CUDA.
 int64_t rt_cuda_peak_memory(int device, int reset);

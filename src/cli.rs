@@ -54,6 +54,9 @@ enum Command {
     Predict(PredictArgs),
     /// Measure the training step alone on synthetic data (optionally against PyTorch's).
     Bench(BenchArgs),
+    /// Measure the input pipeline on an ImageFolder directory, alone or feeding the training
+    /// step (optionally against PyTorch's DataLoader).
+    BenchData(BenchDataArgs),
     /// Split an ImageFolder tree into <dst>/train and <dst>/val, stratified per class.
     Split(SplitArgs),
     /// Exact per-channel mean and std over all pixels of a folder, as Normalize arguments.
@@ -104,6 +107,40 @@ struct BenchArgs {
     #[arg(long, default_value = "auto")]
     device: String,
     /// Also run bench/torch_step.py with the same settings and print the ratio.
+    #[arg(long)]
+    vs_pytorch: bool,
+    /// Python with torch and torchvision for --vs-pytorch [$RINGTRAIN_PYTHON, else python3].
+    #[arg(long)]
+    python: Option<String>,
+}
+
+#[derive(Args)]
+struct BenchDataArgs {
+    /// Images in the ImageFolder layout.
+    #[arg(long)]
+    data: PathBuf,
+    #[arg(long, default_value_t = 224)]
+    img_size: u32,
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    /// Data threads (PyTorch: DataLoader worker processes) [cores].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Passes over the data (the first batch is not timed).
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    /// Feed this model's training step (SGD) too, as training does.
+    #[arg(long)]
+    model: Option<String>,
+    /// With --model: auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
+    #[arg(long, default_value = "auto")]
+    amp: String,
+    /// channels_last memory format [on for CUDA].
+    #[arg(long)]
+    channels_last: Option<bool>,
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Also run bench/torch_loader.py with the same settings and print the ratio.
     #[arg(long)]
     vs_pytorch: bool,
     /// Python with torch and torchvision for --vs-pytorch [$RINGTRAIN_PYTHON, else python3].
@@ -466,6 +503,68 @@ fn demo(args: &DemoArgs) -> Result<()> {
     Ok(())
 }
 
+/// Four significant figures or more, so printed figures give the printed ratio.
+fn rate(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+fn reference_python(flag: &Option<String>) -> String {
+    flag.clone()
+        .or_else(|| std::env::var("RINGTRAIN_PYTHON").ok())
+        .unwrap_or_else(|| "python3".into())
+}
+
+fn bench_data(a: &BenchDataArgs) -> Result<()> {
+    let device = config::resolve_device(&a.device)?;
+    if let Some(m) = &a.model {
+        if !crate::model::MODEL_NAMES.contains(&m.as_str()) {
+            return Err(user_error(format!("unknown --model '{m}'")));
+        }
+    }
+    if a.batch_size == 0 || a.epochs == 0 || a.img_size == 0 || a.workers == Some(0) {
+        return Err(user_error(
+            "--batch-size, --epochs, --img-size and --workers must be at least 1",
+        ));
+    }
+    let o = crate::bench::data::DataBenchOptions {
+        data: a.data.clone(),
+        img_size: a.img_size,
+        batch_size: a.batch_size,
+        workers: workers(a.workers),
+        epochs: a.epochs,
+        device,
+        model: a.model.clone(),
+        amp: crate::train::amp::resolve(&a.amp, device)?.filter(|_| a.model.is_some()),
+        channels_last: a.channels_last.unwrap_or(device.is_cuda()),
+    };
+    say!(
+        "{} at {}px, batch {}, {} workers, {} epochs, {:?}{}",
+        o.data.display(),
+        o.img_size,
+        o.batch_size,
+        o.workers,
+        o.epochs,
+        o.device,
+        o.model
+            .as_ref()
+            .map(|m| format!(", feeding {m} (amp {:?}, channels_last {})", o.amp, o.channels_last))
+            .unwrap_or_else(|| ", loader alone".into())
+    );
+    let ours = crate::bench::data::run(&o)?;
+    say!("ringtrain: {} img/s", rate(ours));
+    if a.vs_pytorch {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_loader.py");
+        let theirs = crate::bench::data::run_pytorch(&o, &reference_python(&a.python), &script)?;
+        say!("pytorch:   {} img/s", rate(theirs));
+        say!("ratio ringtrain / pytorch: {:.3}", ours / theirs);
+    }
+    Ok(())
+}
+
 fn workers(n: Option<usize>) -> usize {
     n.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
         .max(1)
@@ -514,6 +613,7 @@ fn eval(args: &EvalArgs) -> Result<()> {
             state.classes
         )));
     }
+    let normalize = crate::data::Normalizer::new(state.mean3(), state.std3(), device);
     let loader = Loader::new(
         folder.samples,
         Transform::Eval {
@@ -533,14 +633,11 @@ fn eval(args: &EvalArgs) -> Result<()> {
                 world: p.world_size,
                 pad: false,
             }),
+            normalize: normalize.for_workers(),
+            pin_memory: normalize.pin_memory(),
         },
     )?;
-    let ev = evaluate(
-        &model,
-        &loader,
-        &crate::data::Normalizer::new(state.mean3(), state.std3(), device),
-        pg.as_ref(),
-    )?;
+    let ev = evaluate(&model, &loader, &normalize, pg.as_ref())?;
     for (p, e) in &ev.skipped {
         crate::report::progress::warn_unreadable(p, e);
     }
@@ -761,14 +858,6 @@ fn bench(a: &BenchArgs) -> Result<()> {
         o.channels_last,
         o.steps
     );
-    // Four significant figures or more, so the printed figures give the printed ratio.
-    let rate = |x: f64| {
-        if x >= 100.0 {
-            format!("{x:.1}")
-        } else {
-            format!("{x:.4}")
-        }
-    };
     let ours = crate::bench::run(&o)?;
     say!(
         "ringtrain: {} img/s{}",
@@ -776,11 +865,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
         mem(ours.peak_memory_bytes)
     );
     if a.vs_pytorch {
-        let python = a
-            .python
-            .clone()
-            .or_else(|| std::env::var("RINGTRAIN_PYTHON").ok())
-            .unwrap_or_else(|| "python3".into());
+        let python = reference_python(&a.python);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_step.py");
         let theirs = crate::bench::run_pytorch(&o, &python, &script)?;
         say!(
@@ -852,6 +937,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Eval(args)) => eval(&args),
         Some(Command::Predict(args)) => predict(&args),
         Some(Command::Bench(args)) => bench(&args),
+        Some(Command::BenchData(args)) => bench_data(&args),
         Some(Command::Split(a)) => {
             let counts = crate::data::split::split(&a.src, &a.dst, a.val_ratio, a.seed, a.link)?;
             for (class, train, val) in &counts.per_class {

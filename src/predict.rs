@@ -123,6 +123,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
     let (model, state) = checkpoint::load(&o.checkpoint, o.device)?;
     let inputs = collect_inputs(&o.inputs, &state.classes)?;
     let samples: Vec<(PathBuf, usize)> = inputs.paths.iter().map(|p| (p.clone(), 0)).collect();
+    let normalize = Normalizer::new(state.mean3(), state.std3(), o.device);
     let loader = Loader::new(
         samples,
         Transform::Eval {
@@ -138,9 +139,10 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
             prefetch: 4,
             skip_unreadable: true,
             shard: None,
+            normalize: normalize.for_workers(),
+            pin_memory: normalize.pin_memory(),
         },
     )?;
-    let normalize = Normalizer::new(state.mean3(), state.std3(), o.device);
     let k = o.topk.min(state.classes.len());
     let (mut predictions, mut skipped) = (Vec::new(), Vec::new());
     tch::no_grad(|| -> Result<()> {

@@ -26,6 +26,7 @@ mod ffi {
         ) -> c_int;
         pub fn rt_set_grad(param: *mut torch_sys::C_tensor, grad: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_clear_grads(params: *const *mut torch_sys::C_tensor, n: c_int) -> c_int;
+        pub fn rt_empty_pinned(sizes: *const i64, ndim: c_int, dtype: c_int) -> *mut torch_sys::C_tensor;
         pub fn rt_fused_sgd(
             params: *const *mut torch_sys::C_tensor,
             grads: *const *mut torch_sys::C_tensor,
@@ -201,6 +202,23 @@ pub fn clear_grads(params: &[Tensor]) -> Result<()> {
     let p = ptrs(params);
     check(unsafe { ffi::rt_clear_grads(p.as_ptr(), p.len() as c_int) })?;
     Ok(())
+}
+
+/// An uninitialised CPU tensor in pinned (page-locked) memory, for asynchronous copies to a
+/// GPU; an error without a CUDA device.
+pub fn empty_pinned(sizes: &[i64], kind: tch::Kind) -> Result<Tensor> {
+    // c10::ScalarType values.
+    let dtype = match kind {
+        tch::Kind::Uint8 => 0,
+        tch::Kind::Float => 6,
+        k => bail!("empty_pinned: unsupported kind {k:?}"),
+    };
+    let ptr = unsafe { ffi::rt_empty_pinned(sizes.as_ptr(), sizes.len() as c_int, dtype) };
+    if ptr.is_null() {
+        bail!("libtorch: {}", last_error());
+    }
+    // SAFETY: the shim returns a freshly allocated at::Tensor*, which tch takes ownership of.
+    Ok(unsafe { Tensor::from_ptr(ptr) })
 }
 
 fn ptrs(ts: &[Tensor]) -> Vec<*mut torch_sys::C_tensor> {

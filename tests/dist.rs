@@ -396,8 +396,9 @@ fn sigterm_saves_the_job_and_it_resumes_with_another_world_size() {
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("last/state.json")).unwrap()).unwrap();
     assert_eq!(st["world_size"], 2, "{st}");
     assert_eq!(st["epoch"], 1, "{st}");
-    // The ranks agree on stopping every 10 steps: the save is at step 10 of epoch 2.
-    assert_eq!(st["mid_epoch"]["steps"], 10, "{st}");
+    // The ranks agree on stopping every 10 steps: the save is at such a step of epoch 2.
+    let steps = st["mid_epoch"]["steps"].as_u64().expect("a mid-epoch checkpoint");
+    assert!(steps % 10 == 0 && (10..30).contains(&steps), "{st}");
 
     let mut resumed = args.clone();
     resumed.extend(["--resume".into(), "auto".into()]);

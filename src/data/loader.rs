@@ -14,12 +14,14 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 use super::decode::decode_rgb;
 use super::transform::Transform;
+use super::HostNormalize;
 
-/// One batch on the host: images u8 [B, H, W, 3], labels i64 [B], and which samples they are.
+/// One batch on the host: images u8 [B, H, W, 3] (or, normalised by the workers for a CPU device,
+/// f32 [B, 3, H, W]), labels i64 [B], and which samples they are.
 pub struct Batch {
     pub images: Tensor,
     pub labels: Tensor,
@@ -39,6 +41,8 @@ pub struct Loader {
     prefetch: usize,
     skip_unreadable: bool,
     shard: Option<Shard>,
+    normalize: Option<HostNormalize>,
+    pin_memory: bool,
     pool: Arc<rayon::ThreadPool>,
 }
 
@@ -76,6 +80,11 @@ pub struct LoaderOptions {
     pub skip_unreadable: bool,
     /// Under data parallelism: this rank's shard.
     pub shard: Option<Shard>,
+    /// Normalise in the workers (for a CPU device): batches are then f32 [B,3,H,W].
+    pub normalize: Option<HostNormalize>,
+    /// Build batches in pinned host memory (for a CUDA device), so their copy to it can be
+    /// asynchronous. Falls back to ordinary memory where pinning is impossible.
+    pub pin_memory: bool,
 }
 
 impl Loader {
@@ -95,6 +104,8 @@ impl Loader {
             prefetch: o.prefetch.max(1),
             skip_unreadable: o.skip_unreadable,
             shard: o.shard,
+            normalize: o.normalize,
+            pin_memory: o.pin_memory,
             pool: Arc::new(pool),
         })
     }
@@ -153,85 +164,165 @@ impl Loader {
 
     /// The batches of `epoch` from batch `start` on (a resumed epoch: the ones before are
     /// neither decoded nor returned; those after are exactly those of an uninterrupted epoch).
+    ///
+    /// Batches are built concurrently, each as one job on the worker pool (its images decoded in
+    /// parallel inside it), so workers go on to the next batch while the last images of one are
+    /// still being decoded; they are handed over in order. At most `prefetch` batches wait
+    /// finished or in progress, plus the one the consumer holds: memory stays flat.
     pub fn epoch_from(&self, epoch: u64, start: usize) -> EpochIter {
         let order = self.order(epoch);
-        let (tx, rx) = sync_channel::<Result<Batch>>(self.prefetch);
+        let (queue_tx, queue_rx) = sync_channel::<Receiver<Result<Batch>>>(self.prefetch.saturating_sub(1));
         let (samples, transform, pool) = (self.samples.clone(), self.transform.clone(), self.pool.clone());
-        let (bs, seed, n_batches, skip) = (
+        let (bs, seed, n_batches, skip, normalize, pin_memory) = (
             self.batch_size,
             self.seed,
             self.batches_per_epoch(),
             self.skip_unreadable,
+            self.normalize,
+            self.pin_memory,
         );
         let handle = std::thread::Builder::new()
             .name("ringtrain-loader".into())
             .spawn(move || {
                 for chunk in order.chunks(bs).take(n_batches).skip(start) {
-                    let batch = pool.install(|| make_batch(&samples, chunk, &transform, seed, epoch, skip));
-                    let failed = batch.is_err();
-                    // A closed receiver means the consumer stopped early: stop quietly.
-                    if tx.send(batch).is_err() || failed {
+                    let (tx, rx) = sync_channel(1);
+                    let (samples, transform, chunk) = (samples.clone(), transform.clone(), chunk.to_vec());
+                    pool.spawn(move || {
+                        let job = BatchJob {
+                            samples: &samples,
+                            transform: &transform,
+                            seed,
+                            epoch,
+                            skip_unreadable: skip,
+                            normalize,
+                            pin_memory,
+                        };
+                        let _ = tx.send(job.make(&chunk));
+                    });
+                    // Blocks while `prefetch` batches are queued. A closed receiver means the
+                    // consumer stopped early: stop quietly (jobs already started just finish).
+                    if queue_tx.send(rx).is_err() {
                         return;
                     }
                 }
             })
             .expect("spawning the loader thread");
-        EpochIter { rx, _handle: handle }
+        EpochIter {
+            queue: queue_rx,
+            failed: false,
+            _handle: handle,
+        }
     }
 }
 
-fn make_batch(
-    samples: &[(PathBuf, usize)],
-    indices: &[usize],
-    transform: &Transform,
+/// What building one batch needs.
+struct BatchJob<'a> {
+    samples: &'a [(PathBuf, usize)],
+    transform: &'a Transform,
     seed: u64,
     epoch: u64,
     skip_unreadable: bool,
-) -> Result<Batch> {
-    let size = transform.size() as usize;
-    let per = size * size * 3;
-    let load = |i: usize| -> Result<Vec<u8>> {
-        let (path, _) = &samples[i];
-        let img = decode_rgb(path)?;
-        let mut out = vec![0u8; per];
-        transform
-            .apply(&img, &mut sample_rng(seed, epoch, i as u64), &mut out)
-            .with_context(|| format!("transforming {}", path.display()))?;
-        Ok(out)
-    };
-    let results: Vec<Result<Vec<u8>>> = indices.par_iter().map(|&i| load(i)).collect();
-    let mut pixels = Vec::with_capacity(indices.len() * per);
-    let (mut kept, mut skipped) = (Vec::with_capacity(indices.len()), Vec::new());
-    for (&i, r) in indices.iter().zip(results) {
-        match r {
-            Ok(p) => {
-                pixels.extend_from_slice(&p);
-                kept.push(i);
+    normalize: Option<HostNormalize>,
+    pin_memory: bool,
+}
+
+impl BatchJob<'_> {
+    /// Decodes and transforms the images of `indices` straight into one batch tensor (uint8
+    /// [B,H,W,3], or normalised f32 [B,3,H,W]), in parallel on the current pool.
+    fn make(&self, indices: &[usize]) -> Result<Batch> {
+        let size = self.transform.size() as i64;
+        let per = (size * size * 3) as usize;
+        let n = indices.len();
+        let (shape, kind) = match self.normalize {
+            None => ([n as i64, size, size, 3], Kind::Uint8),
+            Some(h) if h.channels_last => ([n as i64, size, size, 3], Kind::Float),
+            Some(_) => ([n as i64, 3, size, size], Kind::Float),
+        };
+        let pinned = self
+            .pin_memory
+            .then(|| crate::shim::empty_pinned(&shape, kind).ok())
+            .flatten();
+        let images = pinned.unwrap_or_else(|| Tensor::empty(shape, (kind, Device::Cpu)));
+        let results: Vec<Result<()>> = match self.normalize {
+            None => {
+                // SAFETY: a fresh contiguous CPU tensor of exactly n * per bytes that nothing
+                // else references until it is returned; the workers write disjoint chunks.
+                let px: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(images.data_ptr() as *mut u8, n * per) };
+                px.par_chunks_mut(per)
+                    .zip(indices.par_iter())
+                    .map(|(out, &i)| self.load(i, out))
+                    .collect()
             }
-            // The path goes with the warning; the reason is the decoder's own words.
-            Err(e) if skip_unreadable => skipped.push((samples[i].0.clone(), e.root_cause().to_string())),
-            Err(e) => return Err(e),
+            Some(h) => {
+                // SAFETY: as above, n * per f32 values.
+                let px: &mut [f32] = unsafe { std::slice::from_raw_parts_mut(images.data_ptr() as *mut f32, n * per) };
+                px.par_chunks_mut(per)
+                    .zip(indices.par_iter())
+                    .map(|(out, &i)| {
+                        let mut rgb = vec![0u8; per];
+                        self.load(i, &mut rgb)?;
+                        h.apply(&rgb, out);
+                        Ok(())
+                    })
+                    .collect()
+            }
+        };
+        // channels_last: the NHWC buffer seen as [B,3,H,W].
+        let images = match self.normalize {
+            Some(h) if h.channels_last => images.permute([0, 3, 1, 2]),
+            _ => images,
+        };
+        let (mut kept, mut kept_rows, mut skipped) = (Vec::with_capacity(n), Vec::new(), Vec::new());
+        for (row, (&i, r)) in indices.iter().zip(results).enumerate() {
+            match r {
+                Ok(()) => {
+                    kept.push(i);
+                    kept_rows.push(row as i64);
+                }
+                // The path goes with the warning; the reason is the decoder's own words.
+                Err(e) if self.skip_unreadable => skipped.push((self.samples[i].0.clone(), e.root_cause().to_string())),
+                Err(e) => return Err(e),
+            }
         }
+        let images = if skipped.is_empty() {
+            images
+        } else {
+            images.index_select(0, &Tensor::from_slice(&kept_rows))
+        };
+        let labels: Vec<i64> = kept.iter().map(|&i| self.samples[i].1 as i64).collect();
+        Ok(Batch {
+            images,
+            labels: Tensor::from_slice(&labels),
+            indices: kept,
+            skipped,
+        })
     }
-    let labels: Vec<i64> = kept.iter().map(|&i| samples[i].1 as i64).collect();
-    let b = kept.len() as i64;
-    Ok(Batch {
-        images: Tensor::from_slice(&pixels).view([b, size as i64, size as i64, 3]),
-        labels: Tensor::from_slice(&labels),
-        indices: kept,
-        skipped,
-    })
+
+    /// Sample `i`, decoded and transformed into `out` (size×size RGB8).
+    fn load(&self, i: usize, out: &mut [u8]) -> Result<()> {
+        let (path, _) = &self.samples[i];
+        let img = decode_rgb(path)?;
+        self.transform
+            .apply(&img, &mut sample_rng(self.seed, self.epoch, i as u64), out)
+            .with_context(|| format!("transforming {}", path.display()))
+    }
 }
 
 pub struct EpochIter {
-    rx: Receiver<Result<Batch>>,
+    queue: Receiver<Receiver<Result<Batch>>>,
+    failed: bool,
     _handle: std::thread::JoinHandle<()>,
 }
 
 impl Iterator for EpochIter {
     type Item = Result<Batch>;
     fn next(&mut self) -> Option<Self::Item> {
-        self.rx.recv().ok()
+        if self.failed {
+            return None;
+        }
+        let batch = self.queue.recv().ok()?.recv().ok()?;
+        self.failed = batch.is_err(); // an error ends the epoch
+        Some(batch)
     }
 }
 
@@ -287,6 +378,8 @@ mod tests {
             prefetch: 2,
             skip_unreadable: false,
             shard: None,
+            normalize: None,
+            pin_memory: false,
         };
         let a = Loader::new(samples.clone(), t.clone(), opts(1)).unwrap();
         let b = Loader::new(samples, t, opts(3)).unwrap();
@@ -295,6 +388,26 @@ mod tests {
         assert_eq!(ea.last().unwrap().1.len(), 3);
         assert_eq!(ea, eb);
         assert_ne!(ea, collect(&a, 1), "a new epoch must reshuffle and re-augment");
+    }
+
+    #[test]
+    fn pinned_memory_falls_back_to_ordinary_memory_without_a_gpu() {
+        let (_d, samples) = folder(3);
+        let t = Transform::Eval { size: 8, resize: 9 };
+        let opts = |pin_memory| LoaderOptions {
+            batch_size: 4,
+            shuffle: false,
+            drop_last: false,
+            seed: 0,
+            workers: 2,
+            prefetch: 2,
+            skip_unreadable: false,
+            shard: None,
+            normalize: None,
+            pin_memory,
+        };
+        let pinned = collect(&Loader::new(samples.clone(), t.clone(), opts(true)).unwrap(), 0);
+        assert_eq!(pinned, collect(&Loader::new(samples, t, opts(false)).unwrap(), 0));
     }
 
     #[test]
@@ -313,6 +426,8 @@ mod tests {
                 prefetch: 1,
                 skip_unreadable: false,
                 shard: None,
+                normalize: None,
+                pin_memory: false,
             },
         )
         .unwrap();
@@ -337,6 +452,8 @@ mod tests {
             prefetch: 1,
             skip_unreadable: skip,
             shard: None,
+            normalize: None,
+            pin_memory: false,
         };
         let t = Transform::Eval { size: 8, resize: 8 };
         let l = Loader::new(samples.clone(), t.clone(), opts(true)).unwrap();
@@ -367,6 +484,8 @@ mod tests {
                     prefetch: 1,
                     skip_unreadable: false,
                     shard,
+                    normalize: None,
+                    pin_memory: false,
                 },
             )
             .unwrap()

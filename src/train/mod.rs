@@ -171,6 +171,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let probe: Vec<PathBuf> = train_samples.iter().take(1000).map(|s| s.0.clone()).collect();
     check_something_decodes(&probe, data_dir)?;
     let shard = |pad| (world > 1).then_some(Shard { rank, world, pad });
+    let channels_last = cfg.channels_last.unwrap_or(device.is_cuda());
+    let normalize = Normalizer::new(cfg.mean3(), cfg.std3(), device).channels_last(channels_last);
     let train_loader = Loader::new(
         train_samples,
         Transform::Train {
@@ -196,6 +198,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             prefetch: cfg.prefetch,
             skip_unreadable: !cfg.strict,
             shard: shard(true),
+            normalize: normalize.for_workers(),
+            pin_memory: normalize.pin_memory(),
         },
     )?;
     let val_loader = Loader::new(
@@ -213,6 +217,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             prefetch: cfg.prefetch,
             skip_unreadable: !cfg.strict,
             shard: shard(false),
+            normalize: normalize.for_workers(),
+            pin_memory: normalize.pin_memory(),
         },
     )?;
 
@@ -288,7 +294,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         let n = model.freeze(&cfg.freeze)?;
         say!("frozen: {n} tensors under {}", cfg.freeze.join(", "));
     }
-    let channels_last = cfg.channels_last.unwrap_or(device.is_cuda());
     if channels_last {
         shim::var_store_to_channels_last(&model.vs)?;
     }
@@ -412,7 +417,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let steps_per_epoch = micro_per_epoch.div_ceil(accum);
     let sched = schedule::LrSchedule::new(cfg, steps_per_epoch);
     let plateau = schedule::Plateau::new(cfg);
-    let normalize = Normalizer::new(cfg.mean3(), cfg.std3(), device);
     let mixup = cfg.mixup(num_classes).map(Mixup::new).transpose()?;
     let stop = StopRequest::install()?;
     say!(
@@ -460,9 +464,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             warn_once(&mut warned, &batch.skipped);
             let batch = refill(batch, batch_len(&train_loader, micro, rank_batch))?;
             let mut x = normalize.apply(&batch.images);
-            if channels_last {
-                x = shim::to_channels_last(&x)?;
-            }
             let y = batch.labels.to_device(device);
             // Randomness inside the step (dropout) depends on the position alone: a resumed
             // run repeats it.

@@ -6,6 +6,8 @@
   torchvision_reference.py evaluate MODEL NUM_CLASSES CKPT ROOT SIZE RESIZE   top-1 in PyTorch
   torchvision_reference.py predict_logits CKPT_DIR CSV   max |logit diff| between `ringtrain predict
       --logits` and torchvision's model with the checkpoint loaded, on the CSV's images
+  torchvision_reference.py pil_pixels OUT SIZE RESIZE FILE...   PIL's RGB decode and torchvision's
+      Resize(RESIZE) + CenterCrop(SIZE) of each file, as uint8 HWC tensors in OUT (safetensors)
   torchvision_reference.py sklearn_report JSON     sklearn's classification_report(output_dict=True)
   torchvision_reference.py tensorboard_scalars DIR scalars and texts as TensorBoard's reader sees them
   torchvision_reference.py grad_scaler STEPS BAD    GradScaler's scale and step decisions
@@ -102,6 +104,20 @@ def predict_logits(ckpt_dir, csv_path):
         theirs = m(x)
     print(json.dumps({"images": len(rows), "max_abs_diff": (ours - theirs).abs().max().item(),
                       "logit_scale": theirs.abs().max().item()}))
+
+
+def pil_pixels(out, size, resize, *files):
+    import numpy as np
+    from PIL import Image
+    from torchvision import transforms as T
+
+    tf = T.Compose([T.Resize(int(resize)), T.CenterCrop(int(size))])
+    tensors = {}
+    for i, f in enumerate(files):
+        img = Image.open(f).convert("RGB")
+        tensors[f"decode/{i}"] = torch.from_numpy(np.asarray(img).copy())
+        tensors[f"eval/{i}"] = torch.from_numpy(np.asarray(tf(img)).copy())
+    save_file(tensors, out)
 
 
 def sklearn_report(path):
@@ -260,6 +276,8 @@ if __name__ == "__main__":
         evaluate(*sys.argv[2:])
     elif sys.argv[1] == "predict_logits":
         predict_logits(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "pil_pixels":
+        pil_pixels(*sys.argv[2:])
     elif sys.argv[1] == "sklearn_report":
         sklearn_report(sys.argv[2])
     elif sys.argv[1] == "tensorboard_scalars":

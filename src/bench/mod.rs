@@ -2,7 +2,9 @@
 //! `bench/torch_step.py` measures PyTorch's (same model, batch, precision, memory format,
 //! optimizer): images/s is the median over timed windows after a warm-up; peak device memory
 //! from the CUDA caching allocator. `--vs-pytorch` runs that script in the same invocation and
-//! prints the ratio.
+//! prints the ratio. `data` measures the input pipeline the same way (`ringtrain bench-data`).
+pub mod data;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -36,9 +38,78 @@ pub struct BenchResult {
     pub peak_memory_bytes: Option<u64>,
 }
 
-fn sync(device: Device) {
+pub fn sync(device: Device) {
     if let Device::Cuda(i) = device {
         tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// One training step as both benchmarks time it: forward and cross-entropy under autocast,
+/// backward (through the fp16 GradScaler when fp16), SGD with momentum 0.9 on the fused kernel.
+pub struct TrainStep {
+    pub model: Model,
+    opt: Optimizer,
+    scaler: Option<GradScaler>,
+    amp: Option<Kind>,
+    device: Device,
+}
+
+impl TrainStep {
+    pub fn new(model: &str, num_classes: i64, device: Device, amp: Option<Kind>, channels_last: bool) -> Result<Self> {
+        let model = Model::new(model, num_classes, device)?;
+        if channels_last {
+            shim::var_store_to_channels_last(&model.vs)?;
+        }
+        let named: Vec<(String, Tensor)> = model
+            .vs
+            .variables()
+            .into_iter()
+            .filter(|(_, v)| v.requires_grad())
+            .collect();
+        let cfg = crate::config::TrainConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            ..Default::default()
+        };
+        let no_decay = Default::default();
+        let placement = Placement {
+            head_prefix: model.head_prefix(),
+            head_lr_mult: 1.0,
+            no_decay: &no_decay,
+        };
+        let opt = Optimizer::new(&cfg, &named, &placement);
+        Ok(TrainStep {
+            model,
+            opt,
+            scaler: (amp == Some(Kind::Half)).then(|| GradScaler::new(device, None)),
+            amp,
+            device,
+        })
+    }
+
+    pub fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<()> {
+        let loss = {
+            let _autocast = self.amp.map(|k| shim::autocast(self.device, k)).transpose()?;
+            self.model
+                .forward(x, true)
+                .cross_entropy_loss::<Tensor>(y, None, Reduction::Mean, -100, 0.0)
+                .to_kind(Kind::Float)
+        };
+        self.opt.zero_grad()?;
+        match &self.scaler {
+            Some(s) => s.scale_loss(&loss).f_backward()?,
+            None => loss.f_backward()?,
+        }
+        let found_inf = match self.scaler.as_mut() {
+            Some(s) => Some(s.unscale(&self.opt.params().map(|p| p.grad()).collect::<Vec<_>>(), None)?),
+            None => None,
+        };
+        self.opt.step(0.1, found_inf.as_ref())?;
+        if let Some(s) = self.scaler.as_mut() {
+            s.update();
+        }
+        Ok(())
     }
 }
 
@@ -47,36 +118,15 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
     if o.device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
-    let model = Model::new(&o.model, 1000, o.device)?;
+    let mut step = TrainStep::new(&o.model, 1000, o.device, o.amp, o.channels_last)?;
     let mut x = Tensor::randn(
         [o.batch_size as i64, 3, o.img_size as i64, o.img_size as i64],
         (Kind::Float, o.device),
     );
     if o.channels_last {
-        shim::var_store_to_channels_last(&model.vs)?;
         x = shim::to_channels_last(&x)?;
     }
     let y = Tensor::randint(1000, [o.batch_size as i64], (Kind::Int64, o.device));
-    let named: Vec<(String, Tensor)> = model
-        .vs
-        .variables()
-        .into_iter()
-        .filter(|(_, v)| v.requires_grad())
-        .collect();
-    let cfg = crate::config::TrainConfig {
-        lr: 0.1,
-        momentum: 0.9,
-        weight_decay: 0.0,
-        ..Default::default()
-    };
-    let no_decay = Default::default();
-    let placement = Placement {
-        head_prefix: model.head_prefix(),
-        head_lr_mult: 1.0,
-        no_decay: &no_decay,
-    };
-    let mut opt = Optimizer::new(&cfg, &named, &placement);
-    let mut scaler = (o.amp == Some(Kind::Half)).then(|| GradScaler::new(o.device, None));
     if let Device::Cuda(i) = o.device {
         shim::reset_cuda_peak_memory(i);
     }
@@ -90,26 +140,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
             }
             t0 = Some(Instant::now());
         }
-        let loss = {
-            let _autocast = o.amp.map(|k| shim::autocast(o.device, k)).transpose()?;
-            model
-                .forward(&x, true)
-                .cross_entropy_loss::<Tensor>(&y, None, Reduction::Mean, -100, 0.0)
-                .to_kind(Kind::Float)
-        };
-        opt.zero_grad()?;
-        match &scaler {
-            Some(s) => s.scale_loss(&loss).f_backward()?,
-            None => loss.f_backward()?,
-        }
-        let found_inf = match scaler.as_mut() {
-            Some(s) => Some(s.unscale(&opt.params().map(|p| p.grad()).collect::<Vec<_>>(), None)?),
-            None => None,
-        };
-        opt.step(0.1, found_inf.as_ref())?;
-        if let Some(s) = scaler.as_mut() {
-            s.update();
-        }
+        step.step(&x, &y)?;
     }
     sync(o.device);
     if o.steps % o.window == 0 {

@@ -1,0 +1,70 @@
+"""PyTorch reference for `ringtrain bench-data --vs-pytorch`: ImageFolder + DataLoader throughput,
+alone or feeding the training step, measured the way ringtrain measures its own pipeline.
+
+The loader-only measurement is that of the shared reference bench_loader_cpu.py (RandomResizedCrop
++ horizontal flip + ToTensor + Normalize, shuffled, drop_last, persistent workers, the first batch
+untimed), with the batch size and number of epochs as parameters; with a model it is that of
+bench_loader.py (pinned memory, channels_last, autocast, SGD momentum 0.9).
+
+Usage: torch_loader.py DIR SIZE BATCH WORKERS EPOCHS MODEL|none AMP(off|bf16|fp16) CHANNELS_LAST(0|1) DEVICE
+Prints one JSON object: {"images_per_s": ...}.
+"""
+import json
+import sys
+import time
+
+import torch
+import torchvision
+from torchvision import transforms as T
+
+
+def main(root, size, batch, workers, epochs, model, amp, channels_last, device):
+    size, batch, workers, epochs = map(int, (size, batch, workers, epochs))
+    channels_last = channels_last == "1"
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
+                    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    ds = torchvision.datasets.ImageFolder(root, tf)
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                                     drop_last=True, pin_memory=cuda, persistent_workers=workers > 0)
+    step = None
+    if model != "none":
+        torch.backends.cudnn.benchmark = True
+        m = getattr(torchvision.models, model)(num_classes=len(ds.classes)).to(dev)
+        if channels_last:
+            m = m.to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+        scaler = torch.amp.GradScaler(dev.type) if amp == "fp16" else None
+
+        def step(x, y):
+            with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+            opt.zero_grad(set_to_none=True)
+            if scaler:
+                scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+            else:
+                loss.backward(); opt.step()
+
+    n, t0 = 0, None
+    for _ in range(epochs):
+        for x, y in dl:
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            if step:
+                step(x, y)
+            if t0 is None:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                continue
+            n += x.shape[0]
+    if cuda:
+        torch.cuda.synchronize()
+    print(json.dumps({"images_per_s": n / (time.perf_counter() - t0)}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,140 @@
+//! `ringtrain bench-data`: the input pipeline alone, or feeding the training step (`--model`),
+//! measured as `bench/torch_loader.py` measures PyTorch's ImageFolder + DataLoader: the
+//! training transforms (RandomResizedCrop + horizontal flip + normalisation), shuffled,
+//! drop_last, `epochs` passes, the first batch untimed (it includes start-up). `--vs-pytorch`
+//! runs that script with the same settings in the same invocation.
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use tch::{Device, Kind};
+
+use super::{sync, TrainStep};
+use crate::bail_user;
+use crate::data::folder::ImageFolder;
+use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::transform::Transform;
+use crate::data::{Normalizer, IMAGENET_MEAN, IMAGENET_STD};
+
+#[derive(Debug, Clone)]
+pub struct DataBenchOptions {
+    pub data: PathBuf,
+    pub img_size: u32,
+    pub batch_size: usize,
+    pub workers: usize,
+    pub epochs: usize,
+    pub device: Device,
+    /// Feed this model's training step too.
+    pub model: Option<String>,
+    pub amp: Option<Kind>,
+    pub channels_last: bool,
+}
+
+/// Images per second through the loader (and the step, with a model).
+pub fn run(o: &DataBenchOptions) -> Result<f64> {
+    let folder = ImageFolder::scan(&o.data, "--data")?;
+    let normalize = Normalizer::new(IMAGENET_MEAN, IMAGENET_STD, o.device).channels_last(o.channels_last);
+    let loader = Loader::new(
+        folder.samples,
+        Transform::Train {
+            size: o.img_size,
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            hflip: true,
+            erase: None,
+        },
+        LoaderOptions {
+            batch_size: o.batch_size,
+            shuffle: true,
+            drop_last: true,
+            seed: 0,
+            workers: o.workers,
+            prefetch: 4,
+            skip_unreadable: false,
+            shard: None,
+            normalize: normalize.for_workers(),
+            pin_memory: normalize.pin_memory(),
+        },
+    )?;
+    if loader.batches_per_epoch() * o.epochs < 2 {
+        bail_user!(
+            "--data {} has {} images: too few for two batches of --batch-size {} in {} epochs",
+            o.data.display(),
+            loader.num_samples(),
+            o.batch_size,
+            o.epochs
+        );
+    }
+    if o.device.is_cuda() {
+        tch::Cuda::cudnn_set_benchmark(true);
+    }
+    let mut step = match &o.model {
+        Some(m) => Some(TrainStep::new(
+            m,
+            folder.classes.len() as i64,
+            o.device,
+            o.amp,
+            o.channels_last,
+        )?),
+        None => None,
+    };
+    let (mut n, mut t0) = (0usize, None);
+    for epoch in 0..o.epochs {
+        for batch in loader.epoch(epoch as u64) {
+            let batch = batch?;
+            let x = normalize.apply(&batch.images);
+            if let Some(s) = step.as_mut() {
+                s.step(&x, &batch.labels.to_device(o.device))?;
+            }
+            if t0.is_none() {
+                sync(o.device);
+                t0 = Some(Instant::now());
+                continue;
+            }
+            n += x.size()[0] as usize;
+        }
+    }
+    sync(o.device);
+    Ok(n as f64 / t0.expect("two batches or more").elapsed().as_secs_f64())
+}
+
+/// The same measurement of PyTorch's DataLoader by `script` (bench/torch_loader.py) in `python`.
+pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<f64> {
+    let amp = match o.amp {
+        Some(Kind::BFloat16) => "bf16",
+        Some(Kind::Half) => "fp16",
+        _ => "off",
+    };
+    let device = match o.device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".into(),
+    };
+    let args = [
+        o.data.display().to_string(),
+        o.img_size.to_string(),
+        o.batch_size.to_string(),
+        o.workers.to_string(),
+        o.epochs.to_string(),
+        o.model.clone().unwrap_or_else(|| "none".into()),
+        amp.into(),
+        (o.channels_last as u8).to_string(),
+        device,
+    ];
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(&args)
+        .output()
+        .with_context(|| format!("running {python} {}", script.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "the PyTorch reference failed: {}",
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or(""))
+        .with_context(|| format!("parsing the PyTorch reference's output: {text}"))?;
+    v["images_per_s"]
+        .as_f64()
+        .with_context(|| format!("no images_per_s in the PyTorch reference's output: {text}"))
+}
