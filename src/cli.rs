@@ -479,7 +479,7 @@ fn demo(args: &DemoArgs) -> Result<()> {
         epochs: args.epochs,
         batch_size: 64,
         optimizer: OptimizerKind::Adamw,
-        lr: 0.003,
+        lr: 0.01,
         weight_decay: 0.05,
         warmup_epochs: if args.epochs > 1 { 1.0 } else { 0.0 },
         crop_scale: vec![0.7, 1.0],

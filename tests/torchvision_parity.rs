@@ -151,16 +151,17 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
         worst_resize = worst_resize.max(d.max().double_value(&[]));
         mean_resize += d.mean(tch::Kind::Float).double_value(&[]) / files.len() as f64;
     }
-    // Stated tolerances (docs/ARCHITECTURE.md): JPEG decode within 8 levels of PIL's
-    // libjpeg-turbo; the resized crop within 1 level on average and 24 at worst (sharp edges
-    // upscaled 32 → 128 px in cifar10, where two resampling kernels differ most).
+    // Stated tolerances (docs/ARCHITECTURE.md; measured 4, 0.30 and 4 on these 44 files): JPEG
+    // decode within 6 levels of PIL's libjpeg-turbo; the resized crop within 0.5 level on
+    // average and 8 at worst (cifar10 is upscaled 32 → 128 px, where two resampling kernels
+    // differ most).
     assert!(
-        worst_decode_jpeg <= 8.0,
+        worst_decode_jpeg <= 6.0,
         "JPEG decode differs from PIL by {worst_decode_jpeg}"
     );
-    assert!(mean_resize <= 1.0, "Resize + CenterCrop: mean difference {mean_resize}");
+    assert!(mean_resize <= 0.5, "Resize + CenterCrop: mean difference {mean_resize}");
     assert!(
-        worst_resize <= 24.0,
+        worst_resize <= 8.0,
         "Resize + CenterCrop: worst difference {worst_resize}"
     );
     eprintln!(
