@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Data-parallel overhead on one machine: the same training (resnet18, 64 px, global batch 64,
 # 2 epochs on half of the data) as (a) one process without DDP, (b) DDP at world size 1,
-# (c) 2 Gloo ranks. (a) and (b) alternate three times and the medians are compared, since this
-# machine's run-to-run noise is several percent. Prints the second epoch's images/s and the share
+# (c) 2 Gloo ranks. (a) and (b) alternate PAIRS times (default 5) and the median of the pairs'
+# ratios is the overhead, since this machine's run-to-run noise is several percent and drifts. Prints the second epoch's images/s and the share
 # of rank 0's time spent in the gradient all-reduce.      bench/ddp.sh [DATA_DIR]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 data="${1:-$here/../../shared/data/plant-seedlings/train}"
+pairs="${2:-5}"
 bash "$here/../scripts/setup.sh"
 source "$here/../scripts/env.sh"
 cargo build --release --quiet --manifest-path "$here/../Cargo.toml"
@@ -20,7 +21,7 @@ share() { grep -o 'all-reduce [0-9.]*%' "$1" | tail -1 || true; }
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 plain=(); ddp1=()
-for i in 1 2 3; do
+for i in $(seq "$pairs"); do
   "$bin" "${common[@]}" --out "$out/plain$i" > "$out/plain$i.log"
   plain+=("$(epoch2 "$out/plain$i")")
   RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(port) "$bin" "${common[@]}" --out "$out/ddp1_$i" > "$out/ddp1_$i.log"
@@ -32,6 +33,9 @@ echo "DDP, world size 1:        ${ddp1[*]} img/s ($(share "$out/ddp1_1.log"))"
 echo "DDP, 2 Gloo ranks:        $(epoch2 "$out/ddp2") img/s ($(share "$out/ddp2.log"))"
 python3 - "${plain[*]}" "${ddp1[*]}" <<'PY'
 import statistics, sys
-plain, ddp1 = (statistics.median(map(float, a.split())) for a in sys.argv[1:])
-print(f"medians: {plain:.1f} vs {ddp1:.1f} img/s; DDP overhead at world size 1: {100 * (plain / ddp1 - 1):+.1f}%")
+plain, ddp1 = ([float(x) for x in a.split()] for a in sys.argv[1:])
+ratios = [p / d - 1 for p, d in zip(plain, ddp1)]
+print("per pair, DDP overhead at world size 1: " + ", ".join(f"{100 * r:+.1f}%" for r in ratios))
+print(f"medians: {statistics.median(plain):.1f} vs {statistics.median(ddp1):.1f} img/s; "
+      f"median of the pairs: {100 * statistics.median(ratios):+.1f}%")
 PY

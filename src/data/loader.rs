@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
-use super::decode::decode_rgb;
+use super::decode::decode_for;
 use super::transform::Transform;
 use super::HostNormalize;
 
@@ -298,12 +298,14 @@ impl BatchJob<'_> {
         })
     }
 
-    /// Sample `i`, decoded and transformed into `out` (size×size RGB8).
+    /// Sample `i`, decoded (shrunk while decoding where the format allows) and transformed
+    /// into `out` (size×size RGB8).
     fn load(&self, i: usize, out: &mut [u8]) -> Result<()> {
         let (path, _) = &self.samples[i];
-        let img = decode_rgb(path)?;
+        let rng = &mut sample_rng(self.seed, self.epoch, i as u64);
+        let (img, bx) = decode_for(path, self.transform.size(), |w, h| self.transform.source_box(w, h, rng))?;
         self.transform
-            .apply(&img, &mut sample_rng(self.seed, self.epoch, i as u64), out)
+            .finish(&img, bx, rng, out)
             .with_context(|| format!("transforming {}", path.display()))
     }
 }

@@ -127,26 +127,31 @@ impl Transform {
 
     /// Applies the transform into `out` (size*size*3 bytes), drawing randomness from `rng`.
     pub fn apply(&self, img: &RgbImage, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
-        let (w, h) = img.dimensions();
+        let bx = self.source_box(img.width(), img.height(), rng);
+        self.finish(img, bx, rng, out)
+    }
+
+    /// Step one: the box of a w×h source image that becomes the output (the first draws from
+    /// `rng`). Known before decoding, so a decoder can shrink the image while decoding.
+    pub fn source_box(&self, w: u32, h: u32, rng: &mut impl Rng) -> CropBox {
         match *self {
-            Transform::Train {
-                size,
-                scale,
-                ratio,
-                hflip,
-                ref erase,
-            } => {
-                let bx = random_resized_crop_box(w, h, scale, ratio, rng);
-                resize_box_into(img, bx, size, out)?;
-                if hflip && rng.gen_bool(0.5) {
-                    flip_horizontal(out, size as usize);
-                }
-                if let Some(e) = erase {
-                    e.apply(out, size as usize, rng);
-                }
+            Transform::Train { scale, ratio, .. } => random_resized_crop_box(w, h, scale, ratio, rng),
+            Transform::Eval { size, resize } => resize_center_crop_box(w, h, resize, size),
+        }
+    }
+
+    /// Step two: resize `bx` of `img` into `out`, then flip and erase (the remaining draws).
+    pub fn finish(&self, img: &RgbImage, bx: CropBox, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
+        resize_box_into(img, bx, self.size(), out)?;
+        if let Transform::Train {
+            size, hflip, ref erase, ..
+        } = *self
+        {
+            if hflip && rng.gen_bool(0.5) {
+                flip_horizontal(out, size as usize);
             }
-            Transform::Eval { size, resize } => {
-                resize_box_into(img, resize_center_crop_box(w, h, resize, size), size, out)?;
+            if let Some(e) = erase {
+                e.apply(out, size as usize, rng);
             }
         }
         Ok(())
