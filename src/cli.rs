@@ -489,7 +489,12 @@ fn demo(args: &DemoArgs) -> Result<()> {
         overwrite: true, // the demo's run directory is a scratch area
         ..Default::default()
     };
-    let summary = crate::train::run(&cfg, None)?;
+    finish_run(crate::train::run(&cfg, None)?)
+}
+
+/// A training run's end on the command line: the report, or the exit code of the signal that
+/// stopped it (its checkpoint is saved).
+fn finish_run(summary: crate::train::RunSummary) -> Result<()> {
     if let Some(sig) = summary.interrupted {
         return Err(anyhow::Error::new(ExitCode(128 + sig)));
     }
@@ -920,18 +925,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 Setup::Worker(d) => Some(d),
                 Setup::Single => None,
             };
-            let summary = crate::train::run(&cfg, dist.as_ref())?;
-            if let Some(sig) = summary.interrupted {
-                return Err(anyhow::Error::new(ExitCode(128 + sig)));
-            }
-            if let Some(r) = &summary.report {
-                say!(
-                    "\nclassification report (best epoch {}):\n{}",
-                    summary.best_epoch,
-                    r.to_text()
-                );
-            }
-            Ok(())
+            finish_run(crate::train::run(&cfg, dist.as_ref())?)
         }
         Some(Command::Demo(args)) => demo(&args),
         Some(Command::Eval(args)) => eval(&args),

@@ -232,39 +232,47 @@ fn kill_9_at_random_moments_then_resume_each_time_ends_identical() {
     // A checkpoint at every step, so kills land inside checkpoint writes too.
     let extra = ["--save-every-steps", "1"];
     let straight = d.path().join("straight");
-    let t0 = std::time::Instant::now();
     let o = ringtrain(&args(&data, &straight, &extra));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    // Kill moments scale with this machine's speed: between 10 % and 40 % of a whole run
-    // (start-up included), so several kills land before the run gets through.
-    let whole = t0.elapsed().as_millis() as u64;
 
     let chaos = d.path().join("chaos");
     let mut resumed = args(&data, &chaos, &extra);
     resumed.extend(["--resume".to_string(), "auto".to_string()]);
-    // Kill moments from a fixed pseudo-random sequence.
+    // Kill moments from a fixed pseudo-random sequence, counted in the run's own progress (it
+    // prints a line after every optimizer step, just before that step's checkpoint is written)
+    // plus 0-40 ms, so they fall in computation and in checkpoint writes alike, and do not
+    // depend on how loaded the machine is.
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     let (mut kills, mut finished) = (0, false);
     let stderr_log = d.path().join("stderr.log");
     for _attempt in 0..16 {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
             .args(&resumed)
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr_log).unwrap())
             .spawn()
             .unwrap();
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let wait = std::time::Duration::from_millis(whole / 10 + x % (whole * 3 / 10));
-        let start = std::time::Instant::now();
-        while start.elapsed() < wait {
-            if child.try_wait().unwrap().is_some() {
-                break;
+        let (steps, extra_ms) = (1 + x % 4, (x >> 8) % 40);
+        let mut seen = 0;
+        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+            if line.unwrap().contains(" step ") {
+                seen += 1;
+                if seen == steps {
+                    break;
+                }
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        if let Some(status) = child.try_wait().unwrap() {
+        if seen == steps {
+            std::thread::sleep(std::time::Duration::from_millis(extra_ms));
+        }
+        if let Some(status) = child
+            .try_wait()
+            .unwrap()
+            .or_else(|| (seen < steps).then(|| child.wait().unwrap()))
+        {
             assert!(
                 status.success(),
                 "the resumed run failed: {status}: {}",

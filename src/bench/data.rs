@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use tch::{Device, Kind};
 
-use super::{sync, TrainStep};
+use super::{amp_name, device_name, run_reference, sync, TrainStep};
 use crate::bail_user;
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{Loader, LoaderOptions};
@@ -100,15 +100,6 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
 
 /// The same measurement of PyTorch's DataLoader by `script` (bench/torch_loader.py) in `python`.
 pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<f64> {
-    let amp = match o.amp {
-        Some(Kind::BFloat16) => "bf16",
-        Some(Kind::Half) => "fp16",
-        _ => "off",
-    };
-    let device = match o.device {
-        Device::Cuda(i) => format!("cuda:{i}"),
-        _ => "cpu".into(),
-    };
     let args = [
         o.data.display().to_string(),
         o.img_size.to_string(),
@@ -116,25 +107,12 @@ pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<
         o.workers.to_string(),
         o.epochs.to_string(),
         o.model.clone().unwrap_or_else(|| "none".into()),
-        amp.into(),
+        amp_name(o.amp).into(),
         (o.channels_last as u8).to_string(),
-        device,
+        device_name(o.device),
     ];
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args(&args)
-        .output()
-        .with_context(|| format!("running {python} {}", script.display()))?;
-    if !out.status.success() {
-        anyhow::bail!(
-            "the PyTorch reference failed: {}",
-            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or(""))
-        .with_context(|| format!("parsing the PyTorch reference's output: {text}"))?;
+    let v = run_reference(python, script, &args)?;
     v["images_per_s"]
         .as_f64()
-        .with_context(|| format!("no images_per_s in the PyTorch reference's output: {text}"))
+        .with_context(|| format!("no images_per_s in the PyTorch reference's output: {v}"))
 }

@@ -5,7 +5,7 @@
 //! prints the ratio. `data` measures the input pipeline the same way (`ringtrain bench-data`).
 pub mod data;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -167,29 +167,41 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
 
 /// Runs `bench/torch_step.py` with the same settings in `python`.
 pub fn run_pytorch(o: &BenchOptions, python: &str, script: &PathBuf) -> Result<BenchResult> {
-    let amp = match o.amp {
-        Some(Kind::BFloat16) => "bf16",
-        Some(Kind::Half) => "fp16",
-        _ => "off",
-    };
-    let device = match o.device {
-        Device::Cuda(i) => format!("cuda:{i}"),
-        _ => "cpu".into(),
-    };
     let args = [
         o.model.clone(),
         o.batch_size.to_string(),
         o.img_size.to_string(),
-        amp.into(),
+        amp_name(o.amp).into(),
         (o.channels_last as u8).to_string(),
-        device,
+        device_name(o.device),
         o.steps.to_string(),
         o.warmup.to_string(),
         o.window.to_string(),
     ];
+    Ok(serde_json::from_value(run_reference(python, script, &args)?)?)
+}
+
+/// The reference scripts' names for a precision and a device.
+pub fn amp_name(amp: Option<Kind>) -> &'static str {
+    match amp {
+        Some(Kind::BFloat16) => "bf16",
+        Some(Kind::Half) => "fp16",
+        _ => "off",
+    }
+}
+
+pub fn device_name(device: Device) -> String {
+    match device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".into(),
+    }
+}
+
+/// Runs a PyTorch reference script; its last line of output is one JSON object.
+pub fn run_reference(python: &str, script: &Path, args: &[String]) -> Result<serde_json::Value> {
     let out = std::process::Command::new(python)
         .arg(script)
-        .args(&args)
+        .args(args)
         .output()
         .with_context(|| format!("running {python} {}", script.display()))?;
     if !out.status.success() {

@@ -384,12 +384,29 @@ mod tests {
             pin_memory: false,
         };
         let a = Loader::new(samples.clone(), t.clone(), opts(1)).unwrap();
-        let b = Loader::new(samples, t, opts(3)).unwrap();
+        let b = Loader::new(samples.clone(), t.clone(), opts(4)).unwrap();
         let (ea, eb) = (collect(&a, 0), collect(&b, 0));
         assert_eq!(ea.len(), 4); // 15 samples, batch 4, last batch kept
         assert_eq!(ea.last().unwrap().1.len(), 3);
         assert_eq!(ea, eb);
         assert_ne!(ea, collect(&a, 1), "a new epoch must reshuffle and re-augment");
+        // Normalised by the workers (a CPU device): the same f32 batches with 1 and 4 threads.
+        let host = crate::data::Normalizer::new([0.5; 3], [0.25; 3], Device::Cpu).for_workers();
+        let f32_batches = |workers| -> Vec<Tensor> {
+            let l = Loader::new(
+                samples.clone(),
+                t.clone(),
+                LoaderOptions {
+                    normalize: host,
+                    ..opts(workers)
+                },
+            )
+            .unwrap();
+            l.epoch(0).map(|b| b.unwrap().images).collect()
+        };
+        let (fa, fb) = (f32_batches(1), f32_batches(4));
+        assert_eq!(fa.len(), 4);
+        assert!(fa.iter().zip(&fb).all(|(x, y)| x.kind() == Kind::Float && x.equal(y)));
     }
 
     #[test]
