@@ -101,12 +101,20 @@ struct BenchArgs {
     steps: usize,
     #[arg(long, default_value_t = 10)]
     warmup: usize,
+    #[command(flatten)]
+    run: BenchRunArgs,
+}
+
+/// What `bench` and `bench-data` share: where and how the step runs, and the PyTorch reference.
+#[derive(Args)]
+struct BenchRunArgs {
     /// channels_last memory format [on for CUDA].
     #[arg(long)]
     channels_last: Option<bool>,
     #[arg(long, default_value = "auto")]
     device: String,
-    /// Also run bench/torch_step.py with the same settings and print the ratio.
+    /// Also run the PyTorch reference (bench/torch_step.py, bench/torch_loader.py) with the same
+    /// settings and print the ratio.
     #[arg(long)]
     vs_pytorch: bool,
     /// Python with torch and torchvision for --vs-pytorch [$RINGTRAIN_PYTHON, else python3].
@@ -135,17 +143,8 @@ struct BenchDataArgs {
     /// With --model: auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
     #[arg(long, default_value = "auto")]
     amp: String,
-    /// channels_last memory format [on for CUDA].
-    #[arg(long)]
-    channels_last: Option<bool>,
-    #[arg(long, default_value = "auto")]
-    device: String,
-    /// Also run bench/torch_loader.py with the same settings and print the ratio.
-    #[arg(long)]
-    vs_pytorch: bool,
-    /// Python with torch and torchvision for --vs-pytorch [$RINGTRAIN_PYTHON, else python3].
-    #[arg(long)]
-    python: Option<String>,
+    #[command(flatten)]
+    run: BenchRunArgs,
 }
 
 #[derive(Args)]
@@ -524,7 +523,7 @@ fn reference_python(flag: &Option<String>) -> String {
 }
 
 fn bench_data(a: &BenchDataArgs) -> Result<()> {
-    let device = config::resolve_device(&a.device)?;
+    let device = config::resolve_device(&a.run.device)?;
     if let Some(m) = &a.model {
         if !crate::model::MODEL_NAMES.contains(&m.as_str()) {
             return Err(user_error(format!("unknown --model '{m}'")));
@@ -544,7 +543,7 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
         device,
         model: a.model.clone(),
         amp: crate::train::amp::resolve(&a.amp, device)?.filter(|_| a.model.is_some()),
-        channels_last: a.channels_last.unwrap_or(device.is_cuda()),
+        channels_last: a.run.channels_last.unwrap_or(device.is_cuda()),
     };
     say!(
         "{} at {}px, batch {}, {} workers, {} epochs, {:?}{}",
@@ -561,9 +560,9 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
     );
     let ours = crate::bench::data::run(&o)?;
     say!("ringtrain: {} img/s", rate(ours));
-    if a.vs_pytorch {
+    if a.run.vs_pytorch {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_loader.py");
-        let theirs = crate::bench::data::run_pytorch(&o, &reference_python(&a.python), &script)?;
+        let theirs = crate::bench::data::run_pytorch(&o, &reference_python(&a.run.python), &script)?;
         say!("pytorch:   {} img/s", rate(theirs));
         say!("ratio ringtrain / pytorch: {:.3}", ours / theirs);
     }
@@ -830,7 +829,7 @@ impl std::fmt::Display for ExitCode {
 impl std::error::Error for ExitCode {}
 
 fn bench(a: &BenchArgs) -> Result<()> {
-    let device = config::resolve_device(&a.device)?;
+    let device = config::resolve_device(&a.run.device)?;
     if !crate::model::MODEL_NAMES.contains(&a.model.as_str()) {
         return Err(user_error(format!("unknown --model '{}'", a.model)));
     }
@@ -843,7 +842,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
         batch_size: a.batch_size,
         img_size: a.img_size,
         amp: crate::train::amp::resolve(&a.amp, device)?,
-        channels_last: a.channels_last.unwrap_or(device.is_cuda()),
+        channels_last: a.run.channels_last.unwrap_or(device.is_cuda()),
         device,
         steps: a.steps - a.steps % window,
         warmup: a.warmup,
@@ -869,8 +868,8 @@ fn bench(a: &BenchArgs) -> Result<()> {
         rate(ours.images_per_s),
         mem(ours.peak_memory_bytes)
     );
-    if a.vs_pytorch {
-        let python = reference_python(&a.python);
+    if a.run.vs_pytorch {
+        let python = reference_python(&a.run.python);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_step.py");
         let theirs = crate::bench::run_pytorch(&o, &python, &script)?;
         say!(
