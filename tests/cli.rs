@@ -150,27 +150,11 @@ fn same_seed_gives_bit_identical_cpu_runs() {
     make_folder(&data, &["circle", "cross", "hexagon"], 16);
     let run = |name: &str| {
         let out = d.path().join(name);
-        let o = ringtrain(&[
-            "train",
-            "--data",
-            data.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--model",
-            "resnet10-tiny",
-            "--img-size",
-            "32",
-            "--epochs",
-            "2",
-            "--batch-size",
-            "8",
-            "--device",
-            "cpu",
-            "--seed",
-            "5",
-            "--workers",
-            "2",
-        ]);
+        let o = ringtrain(&common::train_args(
+            &data,
+            &out,
+            "--model resnet10-tiny --img-size 32 --epochs 2 --batch-size 8 --device cpu --seed 5 --workers 2",
+        ));
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         out
     };

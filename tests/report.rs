@@ -71,27 +71,13 @@ fn tensorboard_reader_finds_the_runs_scalars_with_right_steps_and_values() {
     let (train, val, out) = (d.path().join("train"), d.path().join("val"), d.path().join("run"));
     shapes(&train, 10, 0);
     shapes(&val, 4, 1000);
-    let o = common::ringtrain(&[
-        "train",
-        "--data",
-        train.to_str().unwrap(),
-        "--val",
-        val.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--model",
-        "resnet10-tiny",
-        "--img-size",
-        "32",
-        "--epochs",
-        "3",
-        "--batch-size",
-        "8",
-        "--log-every",
-        "1",
-        "--device",
-        "cpu",
-    ]);
+    let mut args = common::train_args(
+        &train,
+        &out,
+        "--model resnet10-tiny --img-size 32 --epochs 3 --batch-size 8 --log-every 1 --device cpu",
+    );
+    args.extend(["--val".into(), val.to_string_lossy().into_owned()]);
+    let o = common::ringtrain(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let tb: serde_json::Value =
         serde_json::from_str(&common::run_python(&["tensorboard_scalars", out.to_str().unwrap()])).unwrap();

@@ -11,48 +11,13 @@ use std::process::{Command, Stdio};
 use common::{make_folder, ringtrain};
 
 fn args(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = [
-        "train",
-        "--data",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--model",
-        "resnet10-tiny",
-        "--img-size",
-        "32",
-        "--epochs",
-        "3",
-        "--batch-size",
-        "6",
-        "--accum-steps",
-        "2",
-        "--ema",
-        "0.9",
-        "--warmup-epochs",
-        "1",
-        "--mixup-alpha",
-        "0.8",
-        "--cutmix-alpha",
-        "1.0",
-        "--mix-prob",
-        "0.7",
-        "--label-smoothing",
-        "0.1",
-        "--random-erasing",
-        "0.25",
-        "--device",
-        "cpu",
-        "--seed",
-        "5",
-        "--workers",
-        "2",
-        "--log-every",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut v = common::train_args(
+        data,
+        out,
+        "--model resnet10-tiny --img-size 32 --epochs 3 --batch-size 6 --accum-steps 2 --ema 0.9 \
+         --warmup-epochs 1 --mixup-alpha 0.8 --cutmix-alpha 1.0 --mix-prob 0.7 --label-smoothing 0.1 \
+         --random-erasing 0.25 --device cpu --seed 5 --workers 2 --log-every 1",
+    );
     // Extra flags (all "--flag value" pairs) replace the defaults: clap refuses a flag twice.
     for pair in extra.chunks(2) {
         match v.iter().position(|a| a == pair[0]) {

@@ -36,6 +36,11 @@ pub struct EpochRow {
 pub const HEADER: &str = "epoch,train_loss,train_top1,val_loss,val_top1,val_top5,lr,seconds,images_per_s,skipped_steps,val_macro_f1,ema_val_top1";
 
 pub fn write(path: &Path, rows: &[EpochRow]) -> Result<()> {
+    atomic::write_file(path, render(rows).as_bytes())
+}
+
+/// The CSV text of `rows`, header first.
+pub fn render(rows: &[EpochRow]) -> String {
     let mut s = String::from(HEADER);
     s.push('\n');
     for r in rows {
@@ -55,5 +60,5 @@ pub fn write(path: &Path, rows: &[EpochRow]) -> Result<()> {
             r.ema_val_top1.map(|v| format!("{v:.6}")).unwrap_or_default()
         );
     }
-    atomic::write_file(path, s.as_bytes())
+    s
 }

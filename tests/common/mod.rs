@@ -54,3 +54,18 @@ pub fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
         }
     }
 }
+
+/// The arguments of `ringtrain train --data DATA --out OUT` followed by `flags`, written as one
+/// string of space-separated words (values without spaces), so a test states only what matters:
+/// `train_args(&data, &out, "--model resnet10-tiny --img-size 32 --epochs 2 --device cpu")`.
+pub fn train_args(data: &Path, out: &Path, flags: &str) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "train".into(),
+        "--data".into(),
+        data.to_string_lossy().into_owned(),
+        "--out".into(),
+        out.to_string_lossy().into_owned(),
+    ];
+    v.extend(flags.split_whitespace().map(String::from));
+    v
+}
