@@ -4,8 +4,11 @@ forward pass and the loss, GradScaler for fp16, median images/s over timed windo
 
 Usage: torch_step.py MODEL BATCH SIZE AMP(off|bf16|fp16) CHANNELS_LAST(0|1) DEVICE STEPS WARMUP WINDOW
 Prints one JSON object: {"images_per_s": ..., "peak_memory_bytes": ...}.
+With TORCH_STEP_COMPILE=1 in the environment the model is wrapped in torch.compile (PyTorch's
+fastest configuration; the warm-up steps then include the compilation).
 """
 import json
+import os
 import statistics
 import sys
 import time
@@ -34,6 +37,7 @@ def main(model, batch, size, amp, channels_last, device, steps, warmup, window):
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    fwd = torch.compile(m) if os.environ.get("TORCH_STEP_COMPILE") == "1" else m
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
     scaler = torch.amp.GradScaler(dev.type, enabled=amp == "fp16")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -48,7 +52,7 @@ def main(model, batch, size, amp, channels_last, device, steps, warmup, window):
                 rates.append(window * batch / (now - t0))
             t0 = now
         with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = torch.nn.functional.cross_entropy(m(x), y)
+            loss = torch.nn.functional.cross_entropy(fwd(x), y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(opt)

@@ -226,9 +226,6 @@ struct DistArgs {
     /// All-reduce gradients in half precision: bf16 or fp16 (averaged in fp32).
     #[arg(long, value_parser = ["bf16", "fp16", "off"])]
     grad_compress: Option<String>,
-    /// Synchronise BatchNorm statistics across ranks (SyncBatchNorm).
-    #[arg(long)]
-    sync_bn: bool,
 }
 
 /// Flags given on the command line; only those present override the config file.
@@ -300,6 +297,10 @@ struct TrainArgs {
     /// RandomResizedCrop area range, e.g. 0.08,1.
     #[arg(long, value_delimiter = ',')]
     crop_scale: Option<Vec<f64>>,
+    /// CIFAR-style training crop: Resize(img-size) + RandomCrop(img-size, padding=N), zero fill,
+    /// instead of RandomResizedCrop.
+    #[arg(long)]
+    crop_padding: Option<u32>,
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     hflip: Option<bool>,
     /// Normalisation mean, e.g. 0.485,0.456,0.406 (ImageNet's by default).
@@ -336,6 +337,12 @@ struct TrainArgs {
     /// Stop at the first unreadable image instead of skipping it with a warning.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     strict: Option<bool>,
+    /// Print and save (reports/epoch-NNNN.txt) the per-class report after every epoch.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    report_every_epoch: Option<bool>,
+    /// Synchronise BatchNorm statistics across ranks (SyncBatchNorm) when distributed.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    sync_bn: Option<bool>,
     /// Fine-tune from a torchvision-named safetensors state_dict (the head is re-initialised
     /// when the class count differs).
     #[arg(long)]
@@ -422,6 +429,7 @@ struct DemoArgs {
     /// auto | cpu | cuda | cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
+    /// Epochs [15, as recipes/demo.toml].
     #[arg(long, default_value_t = 15)]
     epochs: usize,
     #[arg(long, default_value_t = 0)]
@@ -435,6 +443,9 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     cfg.resume = args.resume.clone();
     Ok(cfg)
 }
+
+/// The demo's training settings (data, val, out, epochs, seed and device come from its flags).
+const DEMO_RECIPE: &str = include_str!("../recipes/demo.toml");
 
 /// Images per class and size of the demo data set.
 const DEMO_TRAIN_PER_CLASS: usize = 600;
@@ -468,26 +479,19 @@ fn demo(args: &DemoArgs) -> Result<()> {
             t.elapsed().as_secs_f64()
         );
     }
-    let cfg = TrainConfig {
-        data: Some(data.join("train")),
-        val: Some(data.join("val")),
-        out: args.out.clone(),
-        model: "resnet10-tiny".into(),
-        img_size: 32,
-        eval_resize: Some(32),
-        epochs: args.epochs,
-        batch_size: 64,
-        optimizer: OptimizerKind::Adamw,
-        lr: 0.01,
-        weight_decay: 0.05,
-        warmup_epochs: if args.epochs > 1 { 1.0 } else { 0.0 },
-        crop_scale: vec![0.7, 1.0],
-        seed: args.seed,
-        device: args.device.clone(),
-        log_every: 25,
-        overwrite: true, // the demo's run directory is a scratch area
-        ..Default::default()
-    };
+    let mut flags = toml::Table::new();
+    let path = |p: PathBuf| toml::Value::String(p.to_string_lossy().into_owned());
+    flags.insert("data".into(), path(data.join("train")));
+    flags.insert("val".into(), path(data.join("val")));
+    flags.insert("out".into(), path(args.out.clone()));
+    flags.insert("epochs".into(), toml::Value::Integer(args.epochs as i64));
+    flags.insert("seed".into(), toml::Value::Integer(args.seed as i64));
+    flags.insert("device".into(), toml::Value::String(args.device.clone()));
+    let recipe = DEMO_RECIPE.parse::<toml::Table>().expect("recipes/demo.toml is valid TOML");
+    let mut cfg = config::resolve(Some(recipe), flags)?;
+    if cfg.epochs <= 1 {
+        cfg.warmup_epochs = 0.0; // a one-epoch check run: no warm-up to spend it in
+    }
     finish_run(crate::train::run(&cfg, None)?)
 }
 
@@ -513,6 +517,21 @@ fn rate(x: f64) -> String {
         format!("{x:.1}")
     } else {
         format!("{x:.4}")
+    }
+}
+
+/// A PyTorch reference script of bench/: in the working directory's bench/ (a copy of the
+/// repository on another machine), else in the source tree the binary was built from.
+fn reference_script(name: &str) -> Result<PathBuf> {
+    let candidates = [
+        Path::new("bench").join(name),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("bench").join(name),
+    ];
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(p) => Ok(p.clone()),
+        None => Err(user_error(format!(
+            "--vs-pytorch: cannot find bench/{name}; run from the repository's root"
+        ))),
     }
 }
 
@@ -561,7 +580,7 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
     let ours = crate::bench::data::run(&o)?;
     say!("ringtrain: {} img/s", rate(ours));
     if a.run.vs_pytorch {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_loader.py");
+        let script = reference_script("torch_loader.py")?;
         let theirs = crate::bench::data::run_pytorch(&o, &reference_python(&a.run.python), &script)?;
         say!("pytorch:   {} img/s", rate(theirs));
         say!("ratio ringtrain / pytorch: {:.3}", ours / theirs);
@@ -759,7 +778,7 @@ fn dist_setup(a: &DistArgs, cfg: &TrainConfig) -> Result<Setup> {
             timeout,
             bucket_mb: a.bucket_mb,
             grad_compress,
-            sync_bn: a.sync_bn,
+            sync_bn: cfg.sync_bn,
         }));
     }
     if std::env::var_os(launcher::LAUNCHED_VAR).is_some() {
@@ -870,7 +889,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
     );
     if a.run.vs_pytorch {
         let python = reference_python(&a.run.python);
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/torch_step.py");
+        let script = reference_script("torch_step.py")?;
         let theirs = crate::bench::run_pytorch(&o, &python, &script)?;
         say!(
             "pytorch:   {} img/s{}",

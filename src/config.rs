@@ -127,6 +127,8 @@ pub struct TrainConfig {
     pub random_erasing_mode: crate::data::erasing::EraseMode,
     /// RandomResizedCrop area range.
     pub crop_scale: Vec<f64>,
+    /// CIFAR-style training crop instead: Resize(img_size) + RandomCrop(img_size, padding=N).
+    pub crop_padding: Option<u32>,
     pub hflip: bool,
     pub mean: Vec<f64>,
     pub std: Vec<f64>,
@@ -149,6 +151,10 @@ pub struct TrainConfig {
     pub overwrite: bool,
     /// An unreadable image is an error, instead of a warning and a skip.
     pub strict: bool,
+    /// Print and save (reports/epoch-NNNN.txt) the per-class report after every epoch.
+    pub report_every_epoch: bool,
+    /// SyncBatchNorm across ranks (changes the result, unlike how the job is launched).
+    pub sync_bn: bool,
     /// Fine-tune from these weights (a torchvision-named safetensors state_dict).
     pub pretrained: Option<PathBuf>,
     /// Parameter name prefixes to freeze, e.g. ["conv1", "bn1", "layer1"].
@@ -207,6 +213,7 @@ impl Default for TrainConfig {
             random_erasing: 0.0,
             random_erasing_mode: crate::data::erasing::EraseMode::Const,
             crop_scale: vec![0.08, 1.0],
+            crop_padding: None,
             hflip: true,
             mean: crate::data::IMAGENET_MEAN.to_vec(),
             std: crate::data::IMAGENET_STD.to_vec(),
@@ -220,6 +227,8 @@ impl Default for TrainConfig {
             channels_last: None,
             overwrite: false,
             strict: false,
+            sync_bn: false,
+            report_every_epoch: false,
             pretrained: None,
             freeze: Vec::new(),
             head_lr_mult: 1.0,
@@ -445,6 +454,9 @@ impl TrainConfig {
                 "--crop-scale must be two numbers 0 < min <= max <= 1, got {:?}",
                 self.crop_scale
             );
+        }
+        if let Some(p) = self.crop_padding.filter(|&p| p >= self.img_size) {
+            bail_user!("--crop-padding must be smaller than --img-size {}, got {p}", self.img_size);
         }
         if self.mean.len() != 3 || self.std.len() != 3 || !self.std.iter().all(|&s| pos(s)) {
             bail_user!(

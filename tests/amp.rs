@@ -36,47 +36,47 @@ fn grad_scaler_matches_pytorch_on_a_scripted_sequence() {
 }
 
 #[test]
-fn bf16_autocast_training_on_cpu_is_quiet_and_learns() {
+fn bf16_autocast_training_on_cpu_is_quiet_and_follows_fp32() {
     let d = tempfile::tempdir().unwrap();
-    for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
-        std::fs::create_dir_all(d.path().join("data").join(name)).unwrap();
-        for i in 0..12 {
-            ringtrain::data::demo::render(c, 36, 8, i)
-                .save(d.path().join("data").join(name).join(format!("{i}.png")))
-                .unwrap();
-        }
-    }
-    let out = d.path().join("run");
-    let o = common::ringtrain(&[
-        "train",
-        "--data",
-        d.path().join("data").to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--model",
-        "resnet10-tiny",
-        "--img-size",
-        "32",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "8",
-        "--device",
-        "cpu",
-        "--amp",
-        "bf16",
-        "--log-every",
-        "1",
-    ]);
-    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "{stderr}");
+    common::make_folder(&d.path().join("data"), &["circle", "cross", "ring"], 12);
+    // The same run (seed, data order, initial weights) in bf16 autocast and in fp32.
+    let train = |amp: &str| {
+        let out = d.path().join(amp);
+        let o = common::ringtrain(&common::train_args(
+            &d.path().join("data"),
+            &out,
+            &format!(
+                "--model resnet10-tiny --img-size 32 --epochs 2 --batch-size 8 --device cpu \
+                 --optimizer sgd --lr 0.02 --amp {amp} --log-every 1"
+            ),
+        ));
+        let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{stderr}");
+        assert!(stderr.is_empty(), "--amp {amp} printed to stderr: {stderr}");
+        let scalars: serde_json::Value =
+            serde_json::from_str(&common::run_python(&["tensorboard_scalars", out.to_str().unwrap()])).unwrap();
+        let losses: Vec<f64> = scalars["scalars"]["train/loss"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p[1].as_f64().unwrap())
+            .collect();
+        (stdout.into_owned(), losses)
+    };
+    let (stdout, bf16) = train("bf16");
     assert!(stdout.contains("autocast BFloat16"), "{stdout}");
-    assert!(stderr.is_empty(), "bf16 autocast printed to stderr: {stderr}");
-    let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    for l in csv.lines().skip(1) {
-        let loss: f64 = l.split(',').nth(1).unwrap().parse().unwrap();
-        assert!(loss.is_finite());
-    }
+    let (_, fp32) = train("off");
+    assert_eq!(bf16.len(), fp32.len());
+    assert!(bf16.len() >= 8, "{} logged steps", bf16.len());
+    // Same weights at step 0: only bf16's rounding (8 bits of mantissa) separates the losses.
+    // Later steps follow weights that drifted apart; measured 2026-11-23: at most 3.8 %, mean 1.3 %.
+    let rel: Vec<f64> = bf16.iter().zip(&fp32).map(|(b, f)| (b - f).abs() / f.abs()).collect();
+    assert!(bf16.iter().all(|b| b.is_finite()), "{bf16:?}");
+    assert!(rel[0] < 0.01, "step 0: bf16 {bf16:?} vs fp32 {fp32:?}");
+    assert!(rel.iter().all(|&r| r < 0.15), "bf16 {bf16:?} vs fp32 {fp32:?}");
+    assert!(rel.iter().sum::<f64>() / (rel.len() as f64) < 0.06, "bf16 {bf16:?} vs fp32 {fp32:?}");
+    assert!(rel.iter().any(|&r| r > 1e-6), "bf16 autocast changed nothing: {bf16:?}");
+    eprintln!("relative differences of bf16 from fp32 per step: {rel:?}");
     let o = common::ringtrain(&[
         "train",
         "--data",
@@ -133,37 +133,17 @@ fn bench_measures_ringtrain_and_pytorch_in_one_run() {
 #[test]
 fn channels_last_training_gives_the_same_numbers_as_contiguous() {
     let d = tempfile::tempdir().unwrap();
-    for (c, name) in ["circle", "ring"].iter().enumerate() {
-        std::fs::create_dir_all(d.path().join("data").join(name)).unwrap();
-        for i in 0..8 {
-            ringtrain::data::demo::render(c, 36, 2, i)
-                .save(d.path().join("data").join(name).join(format!("{i}.png")))
-                .unwrap();
-        }
-    }
+    common::make_folder(&d.path().join("data"), &["circle", "ring"], 8);
     let run = |name: &str, cl: &str| {
         let out = d.path().join(name);
-        let o = common::ringtrain(&[
-            "train",
-            "--data",
-            d.path().join("data").to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--model",
-            "resnet10-tiny",
-            "--img-size",
-            "32",
-            "--epochs",
-            "1",
-            "--batch-size",
-            "4",
-            "--device",
-            "cpu",
-            "--channels-last",
-            cl,
-            "--lr",
-            "0.01",
-        ]);
+        let o = common::ringtrain(&common::train_args(
+            &d.path().join("data"),
+            &out,
+            &format!(
+                "--model resnet10-tiny --img-size 32 --epochs 1 --batch-size 4 --device cpu \
+                 --channels-last {cl} --lr 0.01"
+            ),
+        ));
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         Tensor::read_safetensors(out.join("last/model.safetensors"))
             .unwrap()

@@ -42,6 +42,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
             ratio: (3.0 / 4.0, 4.0 / 3.0),
             hflip: true,
             erase: None,
+            pad: None,
         },
         LoaderOptions {
             batch_size: o.batch_size,

@@ -133,6 +133,7 @@ mod tests {
                 ratio: (0.75, 4.0 / 3.0),
                 hflip: true,
                 erase: None,
+                pad: None,
             },
         ] {
             let (mut sum, mut worst, mut shrunk, n) = (0.0, 0u8, 0, 40);

@@ -370,6 +370,7 @@ mod tests {
             ratio: (0.75, 4.0 / 3.0),
             hflip: true,
             erase: None,
+            pad: None,
         };
         let opts = |workers| LoaderOptions {
             batch_size: 4,

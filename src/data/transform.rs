@@ -1,6 +1,7 @@
 //! Geometric transforms with torchvision's semantics, each done as ONE antialiased bilinear
 //! resize of a (fractional) source box straight to the output size:
 //! - train: RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(0.5)
+//! - train, CIFAR style (`pad`): Resize(size) + RandomCrop(size, padding=pad) + flip
 //! - eval:  Resize(resize_size) (shorter side) + CenterCrop(size)
 //! - train, optionally: RandomErasing (`erasing.rs`) on the output
 //!
@@ -20,6 +21,9 @@ pub enum Transform {
         ratio: (f64, f64),
         hflip: bool,
         erase: Option<RandomErasing>,
+        /// RandomCrop(size, padding=pad, fill 0) of the whole image resized to size×size,
+        /// instead of RandomResizedCrop (scale and ratio then unused).
+        pad: Option<u32>,
     },
     Eval {
         size: u32,
@@ -118,6 +122,25 @@ fn flip_horizontal(buf: &mut [u8], size: usize) {
     }
 }
 
+/// RandomCrop with zero padding, in place: output pixel (x, y) takes input (x + dx, y + dy), or 0
+/// where that falls outside the image.
+fn shift_with_zero_fill(buf: &mut [u8], size: usize, dx: i64, dy: i64) {
+    let src = buf.to_vec();
+    let n = size as i64;
+    for y in 0..n {
+        for x in 0..n {
+            let (sx, sy) = (x + dx, y + dy);
+            let o = ((y * n + x) * 3) as usize;
+            if (0..n).contains(&sx) && (0..n).contains(&sy) {
+                let i = ((sy * n + sx) * 3) as usize;
+                buf[o..o + 3].copy_from_slice(&src[i..i + 3]);
+            } else {
+                buf[o..o + 3].fill(0);
+            }
+        }
+    }
+}
+
 impl Transform {
     pub fn size(&self) -> u32 {
         match self {
@@ -135,6 +158,12 @@ impl Transform {
     /// `rng`). Known before decoding, so a decoder can shrink the image while decoding.
     pub fn source_box(&self, w: u32, h: u32, rng: &mut impl Rng) -> CropBox {
         match *self {
+            Transform::Train { pad: Some(_), .. } => CropBox {
+                left: 0.0,
+                top: 0.0,
+                width: w as f64,
+                height: h as f64,
+            },
             Transform::Train { scale, ratio, .. } => random_resized_crop_box(w, h, scale, ratio, rng),
             Transform::Eval { size, resize } => resize_center_crop_box(w, h, resize, size),
         }
@@ -144,9 +173,17 @@ impl Transform {
     pub fn finish(&self, img: &RgbImage, bx: CropBox, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
         resize_box_into(img, bx, self.size(), out)?;
         if let Transform::Train {
-            size, hflip, ref erase, ..
+            size,
+            hflip,
+            ref erase,
+            pad,
+            ..
         } = *self
         {
+            if let Some(pad) = pad {
+                let (dx, dy) = (rng.gen_range(0..=2 * pad), rng.gen_range(0..=2 * pad));
+                shift_with_zero_fill(out, size as usize, dx as i64 - pad as i64, dy as i64 - pad as i64);
+            }
             if hflip && rng.gen_bool(0.5) {
                 flip_horizontal(out, size as usize);
             }
@@ -184,6 +221,15 @@ mod tests {
     }
 
     #[test]
+    fn padded_crop_shifts_and_fills_with_zero() {
+        // 3x3 image, pixel value = 10*y + x in every channel; shift by (1, -1).
+        let mut buf: Vec<u8> = (0..9).flat_map(|i| [(10 * (i / 3) + i % 3) as u8; 3]).collect();
+        shift_with_zero_fill(&mut buf, 3, 1, -1);
+        let got: Vec<u8> = buf.chunks(3).map(|p| p[0]).collect();
+        assert_eq!(got, vec![0, 0, 0, 1, 2, 0, 11, 12, 0]);
+    }
+
+    #[test]
     fn flip_mirrors_rows() {
         let mut buf: Vec<u8> = (0..2 * 2 * 3).map(|x| x as u8).collect();
         flip_horizontal(&mut buf, 2);
@@ -200,6 +246,7 @@ mod tests {
             ratio: (0.75, 4.0 / 3.0),
             hflip: true,
             erase,
+            pad: None,
         };
         let erase = |p| {
             Some(RandomErasing {

@@ -186,6 +186,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
                 mean: cfg.mean3(),
                 std: cfg.std3(),
             }),
+            pad: cfg.crop_padding,
         },
         // A last batch of one image would break BatchNorm's training statistics: drop only that.
         // Padded shards are equal, so every rank takes the same number of steps.
@@ -624,7 +625,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         let ev = eval::evaluate(&model, &val_loader, &normalize, pg)?;
         warn_once(&mut warned, &ev.skipped);
         unreadable += ev.skipped.len();
-        let macro_f1 = ClassificationReport::new(&classes, &ev.targets, &ev.preds).macro_avg.f1;
+        let epoch_report = ClassificationReport::new(&classes, &ev.targets, &ev.preds);
+        let macro_f1 = epoch_report.macro_avg.f1;
         let ema_ev = ema
             .as_ref()
             .map(|e| eval::evaluate(&e.model, &val_loader, &normalize, pg))
@@ -675,8 +677,16 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             if cfg.keep > 0 {
                 keep_epoch_checkpoint(&run_dir, epoch + 1, cfg.keep)?;
             }
-            metrics_csv::write(&run_dir.join("metrics.csv"), &run.history)?;
             plots::training_curves(&run_dir.join("curves.png"), &run.history)?;
+            if cfg.report_every_epoch {
+                let text = epoch_report.to_text();
+                let path = run_dir.join("reports").join(format!("epoch-{:04}.txt", epoch + 1));
+                std::fs::create_dir_all(run_dir.join("reports"))?;
+                atomic::write_file(&path, text.as_bytes())?;
+                say!("classification report, epoch {}:\n{text}", epoch + 1);
+            }
+            // Last: a current metrics.csv tells a resumed run that the epoch's outputs are all written.
+            metrics_csv::write(&run_dir.join("metrics.csv"), &run.history)?;
         }
         if let Some(tb) = tb.as_mut() {
             let e = (epoch + 1) as i64;
@@ -846,7 +856,7 @@ fn remove_earlier_run(run_dir: &Path) -> Result<()> {
     for e in std::fs::read_dir(run_dir)?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let path = e.path();
-        let is_checkpoint = ["last", "best"].contains(&name.as_str()) || is_epoch_dir(&name);
+        let is_checkpoint = ["last", "best", "reports"].contains(&name.as_str()) || is_epoch_dir(&name);
         let is_output = name.starts_with("events.out.tfevents.")
             || [
                 "report.txt",
@@ -870,13 +880,18 @@ fn is_epoch_dir(name: &str) -> bool {
     name.len() == 10 && name.starts_with("epoch-") && name[6..].bytes().all(|b| b.is_ascii_digit())
 }
 
-/// A kill between an epoch's checkpoint and the files written after it (metrics.csv, curves,
-/// the `--keep` copy) left those a step behind the checkpoint: bring them level on resume.
+/// A kill between an epoch's checkpoint and the files written after it (the `--keep` copy,
+/// curves, metrics.csv, written in that order) left those a step behind the checkpoint: bring
+/// them level on resume. (A missed per-epoch report is not rewritten: its predictions are gone.)
 fn catch_up_epoch_outputs(cfg: &TrainConfig, st: &CheckpointState) -> Result<()> {
     let run_dir = &cfg.out;
-    metrics_csv::write(&run_dir.join("metrics.csv"), &st.history)?;
-    if !st.history.is_empty() {
-        plots::training_curves(&run_dir.join("curves.png"), &st.history)?;
+    let csv = run_dir.join("metrics.csv");
+    let current = std::fs::read_to_string(&csv).is_ok_and(|t| t == metrics_csv::render(&st.history));
+    if !current {
+        metrics_csv::write(&csv, &st.history)?;
+        if !st.history.is_empty() {
+            plots::training_curves(&run_dir.join("curves.png"), &st.history)?;
+        }
     }
     // Only when the run that saved it kept epochs too: turning --keep on at resume starts keeping
     // from the next epoch.
