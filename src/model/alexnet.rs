@@ -1,21 +1,11 @@
 //! AlexNet as torchvision defines it (`features.N`, `classifier.N` names, default init).
 use tch::nn;
 
+use super::{torch_conv2d, torch_linear};
+
 pub fn alexnet(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
     let f = p / "features";
-    let conv = |i: usize, cin, cout, k, stride, padding| {
-        nn::conv2d(
-            &f / i,
-            cin,
-            cout,
-            k,
-            nn::ConvConfig {
-                stride,
-                padding,
-                ..Default::default()
-            },
-        )
-    };
+    let conv = |i: usize, cin, cout, k, stride, padding| torch_conv2d(&f / i, cin, cout, k, stride, padding);
     let pool = |x: &tch::Tensor| x.max_pool2d([3, 3], [2, 2], [0, 0], [1, 1], false);
     let features = nn::seq_t()
         .add(conv(0, 3, 64, 11, 4, 2))
@@ -34,17 +24,12 @@ pub fn alexnet(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
     let c = p / "classifier";
     let classifier = nn::seq_t()
         .add_fn_t(|x, train| x.dropout(0.5, train))
-        .add(nn::linear(&c / 1, 256 * 6 * 6, 4096, Default::default()))
+        .add(torch_linear(&c / 1, 256 * 6 * 6, 4096))
         .add_fn(|x| x.relu())
         .add_fn_t(|x, train| x.dropout(0.5, train))
-        .add(nn::linear(&c / 4, 4096, 4096, Default::default()))
+        .add(torch_linear(&c / 4, 4096, 4096))
         .add_fn(|x| x.relu())
-        .add(nn::linear(
-            c.set_group(super::HEAD_GROUP) / 6,
-            4096,
-            num_classes,
-            Default::default(),
-        ));
+        .add(torch_linear(c.set_group(super::HEAD_GROUP) / 6, 4096, num_classes));
     nn::func_t(move |x, train| {
         x.apply_t(&features, train)
             .adaptive_avg_pool2d([6, 6])

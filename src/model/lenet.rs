@@ -3,17 +3,14 @@
 //! batch (the distributed tests rely on that). Inputs of any size are pooled to 5×5 before `fc1`.
 use tch::nn;
 
+use super::{torch_conv2d, torch_linear};
+
 pub fn lenet5(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
-    let conv1 = nn::conv2d(p / "conv1", 3, 6, 5, Default::default());
-    let conv2 = nn::conv2d(p / "conv2", 6, 16, 5, Default::default());
-    let fc1 = nn::linear(p / "fc1", 16 * 5 * 5, 120, Default::default());
-    let fc2 = nn::linear(p / "fc2", 120, 84, Default::default());
-    let fc3 = nn::linear(
-        p.set_group(super::HEAD_GROUP) / "fc3",
-        84,
-        num_classes,
-        Default::default(),
-    );
+    let conv1 = torch_conv2d(p / "conv1", 3, 6, 5, 1, 0);
+    let conv2 = torch_conv2d(p / "conv2", 6, 16, 5, 1, 0);
+    let fc1 = torch_linear(p / "fc1", 16 * 5 * 5, 120);
+    let fc2 = torch_linear(p / "fc2", 120, 84);
+    let fc3 = torch_linear(p.set_group(super::HEAD_GROUP) / "fc3", 84, num_classes);
     nn::func_t(move |x, _train| {
         x.apply(&conv1)
             .relu()

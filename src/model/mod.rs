@@ -61,6 +61,51 @@ fn spec(name: &str) -> Option<ResNetSpec> {
     })
 }
 
+/// PyTorch's own initialisation of `nn.Linear` and `nn.Conv2d` (their `reset_parameters`),
+/// which torchvision keeps for AlexNet, LeNet and ResNet's `fc`: weights
+/// `kaiming_uniform_(a=√5)` = U(±1/√fan_in), biases U(±1/√fan_in). tch's defaults differ (weights
+/// √6 times wider, conv biases zero); with them a from-scratch ResNet started with a head 2.4×
+/// too large.
+const TORCH_WEIGHT_INIT: nn::Init = nn::Init::Kaiming {
+    dist: nn::init::NormalOrUniform::Uniform,
+    fan: nn::init::FanInOut::FanIn,
+    non_linearity: nn::init::NonLinearity::ExplicitGain(0.577_350_269_189_625_8), // √(2/(1+5))
+};
+
+fn torch_bias(fan_in: i64) -> nn::Init {
+    let b = 1.0 / (fan_in as f64).sqrt();
+    nn::Init::Uniform { lo: -b, up: b }
+}
+
+/// `nn.Linear(cin, cout)` with PyTorch's initialisation.
+pub fn torch_linear<'a, T: std::borrow::Borrow<nn::Path<'a>>>(p: T, cin: i64, cout: i64) -> nn::Linear {
+    let cfg = nn::LinearConfig {
+        ws_init: TORCH_WEIGHT_INIT,
+        bs_init: Some(torch_bias(cin)),
+        bias: true,
+    };
+    nn::linear(p, cin, cout, cfg)
+}
+
+/// `nn.Conv2d(cin, cout, k, stride, padding)` (with bias) with PyTorch's initialisation.
+pub fn torch_conv2d<'a, T: std::borrow::Borrow<nn::Path<'a>>>(
+    p: T,
+    cin: i64,
+    cout: i64,
+    k: i64,
+    stride: i64,
+    padding: i64,
+) -> nn::Conv2D {
+    let cfg = nn::ConvConfig {
+        stride,
+        padding,
+        ws_init: TORCH_WEIGHT_INIT,
+        bs_init: torch_bias(cin * k * k),
+        ..Default::default()
+    };
+    nn::conv2d(p, cin, cout, k, cfg)
+}
+
 pub struct Model {
     pub name: String,
     pub vs: nn::VarStore,
@@ -258,6 +303,27 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// torch.nn.Linear / Conv2d initialisation: U(±1/√fan_in) for weights and biases, so the
+    /// largest |value| of a big tensor lies just under the bound.
+    #[test]
+    fn linear_and_conv_layers_start_as_pytorch_initialises_them() {
+        tch::manual_seed(0);
+        for (model, classes, tensors) in [
+            ("resnet18", 12, vec![("fc.weight", 512), ("fc.bias", 512)]),
+            ("alexnet", 10, vec![("features.0.weight", 3 * 11 * 11), ("features.0.bias", 3 * 11 * 11), ("classifier.1.weight", 9216), ("classifier.6.bias", 4096)]),
+            ("lenet5", 10, vec![("conv2.weight", 6 * 25), ("fc1.bias", 400)]),
+        ] {
+            let m = Model::new(model, classes, Device::Cpu).unwrap();
+            let vars = m.vs.variables();
+            for (name, fan_in) in tensors {
+                let bound = 1.0 / (fan_in as f64).sqrt();
+                let max = vars[name].abs().max().double_value(&[]);
+                assert!(max <= bound * (1.0 + 1e-6) && max > 0.8 * bound, "{model} {name}: max |w| {max}, bound {bound}");
+            }
+        }
+    }
+
 
     #[test]
     fn parameter_counts_match_torchvision() {

@@ -16,6 +16,8 @@
   torchvision_reference.py optimizer IN OUT KIND IMPL  torch.optim steps on a scripted problem
   torchvision_reference.py plateau METRICS MODE ...  ReduceLROnPlateau's LR after each metric
   torchvision_reference.py ema STATES K DECAY OUT   AveragedModel EMA (use_buffers) of resnet18 states
+  torchvision_reference.py sgd_step ROOT SIZE WEIGHTS OPTIM OUT   one SGD step of resnet18 on all
+      of ROOT as one batch, from WEIGHTS (or init:PATH) and momentum buffers OPTIM (or -)
 """
 import json
 import sys
@@ -269,6 +271,37 @@ def imagefolder(root):
     print(json.dumps({"classes": ds.classes, "class_to_idx": ds.class_to_idx, "samples": ds.samples}))
 
 
+def sgd_step(root, size, weights, optim, out):
+    """One torch.optim.SGD step (lr 0.01, momentum 0.9, weight decay 5e-4, label smoothing 0.1) of
+    torchvision's resnet18 on every image of ROOT as one batch. WEIGHTS: a state_dict file, or
+    init:PATH for torchvision's own initialisation (seed 0), saved to PATH first. OPTIM: the
+    momentum buffers (`<name>.momentum_buffer`, as ringtrain saves them) or - for none."""
+    from safetensors.torch import load_file
+    from torchvision import transforms as T
+    size = int(size)
+    tf = T.Compose([T.Resize((size, size)), T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    ds = torchvision.datasets.ImageFolder(root, tf)
+    x = torch.stack([ds[i][0] for i in range(len(ds))])
+    y = torch.tensor([ds[i][1] for i in range(len(ds))])
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18(num_classes=len(ds.classes))
+    if weights.startswith("init:"):
+        save_file({k: v.clone().contiguous() for k, v in m.state_dict().items()}, weights[5:])
+    else:
+        m.load_state_dict(load_file(weights))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    if optim != "-":
+        bufs = load_file(optim)
+        for name, p in m.named_parameters():
+            opt.state[p]["momentum_buffer"] = bufs[f"{name}.momentum_buffer"]
+    m.train()
+    loss = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    save_file({k: v.clone().contiguous() for k, v in m.state_dict().items()}, out)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "models":
         models(sys.argv[2], sys.argv[3:])
@@ -292,6 +325,8 @@ if __name__ == "__main__":
         ema(*sys.argv[2:])
     elif sys.argv[1] == "plateau":
         plateau(*sys.argv[2:])
+    elif sys.argv[1] == "sgd_step":
+        sgd_step(*sys.argv[2:])
     elif sys.argv[1] == "imagefolder":
         imagefolder(sys.argv[2])
     else:
