@@ -7,6 +7,10 @@
 //    after `timeout_ms`, not a hang). Under torchrun the agent already serves the store on that
 //    port (TORCHELASTIC_USE_AGENT_STORE=True): then every rank is a client, as in PyTorch.
 //  - Keys live under a "ringtrain/" prefix, apart from the agent's own.
+//  - The store's server listens on master_addr only: c10d alone binds every interface (a
+//    wildcard address), so the shim binds the socket itself and hands c10d the descriptor
+//    (TCPStoreOptions::masterListenFd, as torchrun's agent can). The store has no
+//    authentication; the docs say to keep it on a private network.
 //  - Gloo needs a network device to bind: GLOO_SOCKET_IFNAME if set (as in PyTorch), loopback when
 //    the master is local, otherwise the address this host's name resolves to.
 //  - NCCL: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless the user set it, so a dead peer or a timeout
@@ -23,8 +27,14 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -37,6 +47,36 @@ struct rt_work {
 namespace {
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// A listening TCP socket on host:port (the first of the host's addresses that binds).
+int listen_on(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr) {
+    throw std::runtime_error("cannot resolve the master address " + host);
+  }
+  int fd = -1, err = 0;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 2048) == 0) break;
+    err = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err));
+  }
+  return fd;
 }
 
 c10d::ReduceOp reduce_op(int op) {
@@ -70,6 +110,7 @@ rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int ran
     so.numWorkers = world;
     so.waitWorkers = true;
     so.timeout = timeout;
+    if (so.isServer) so.masterListenFd = listen_on(master_addr, port);
     auto pg = std::make_unique<rt_pg>();
     auto tcp = c10::make_intrusive<c10d::TCPStore>(master_addr, so);
     pg->store = c10::make_intrusive<c10d::PrefixStore>("ringtrain", tcp);

@@ -986,6 +986,22 @@ fn dispatch(cli: Cli) -> Result<()> {
 
 /// Runs the CLI; returns the process exit code (2 for user mistakes, 1 for other failures).
 pub fn main() -> i32 {
+    // A file-size limit (ulimit -f) then fails the write with EFBIG, which ends in a clear error
+    // with the previous checkpoint intact, instead of killing the process with SIGXFSZ.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // A bug still ends in one line that says where, not a backtrace (RUST_BACKTRACE=1 shows it).
+    if std::env::var_os("RUST_BACKTRACE").is_none() {
+        std::panic::set_hook(Box::new(|info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            eprintln!("error: internal error{at}: {} (please report it)", first_line(&msg));
+        }));
+    }
     let cli = Cli::parse();
     if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() {
         shim::set_torch_log_level(3);
@@ -998,8 +1014,14 @@ pub fn main() -> i32 {
             2
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", first_line(&format!("{e:#}")));
             1
         }
     }
+}
+
+/// The first line of a message: libtorch's errors append a C++ stack trace after it.
+fn first_line(msg: &str) -> &str {
+    let line = msg.lines().next().unwrap_or("").trim_end();
+    line.split(" (Exception raised from").next().unwrap_or(line)
 }

@@ -243,9 +243,21 @@ pub fn read_toml(path: &Path) -> Result<toml::Table> {
         Ok(t) => t,
         Err(e) => bail_user!("cannot read --config {}: {e}", path.display()),
     };
+    parse_toml(&text, path)
+}
+
+/// A config file's text as a table; `path` names it in errors.
+pub fn parse_toml(text: &str, path: &Path) -> Result<toml::Table> {
     match text.parse::<toml::Table>() {
         Ok(t) => Ok(t),
-        Err(e) => bail_user!("invalid TOML in --config {}: {}", path.display(), e.message()),
+        Err(e) => {
+            let line = e.span().map(|r| text[..r.start].matches('\n').count() + 1).unwrap_or(0);
+            bail_user!(
+                "invalid TOML in --config {} at line {line}: {}",
+                path.display(),
+                first_line(e.message())
+            )
+        }
     }
 }
 
@@ -257,8 +269,14 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
     }
     match TrainConfig::deserialize(toml::Value::Table(table)) {
         Ok(c) => Ok(c),
-        Err(e) => bail_user!("invalid configuration: {}", e.to_string().trim()),
+        // toml's message spans lines ("invalid type: ..., expected usize", "in `epochs`").
+        Err(e) => bail_user!("invalid configuration: {}", first_line(&e.to_string())),
     }
+}
+
+/// A multi-line parser message as one line.
+fn first_line(s: &str) -> String {
+    s.trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
 }
 
 pub fn resolve_device(spec: &str) -> Result<Device> {
@@ -484,7 +502,7 @@ impl TrainConfig {
         }
         if self.holds_run() && !self.overwrite && self.resume.is_none() {
             bail_user!(
-                "--out {} already holds a run (checkpoints in last/ or best/); choose another --out, or pass --overwrite to replace it",
+                "--out {} already holds a run (checkpoints in last/ or best/): continue it with --resume auto, choose another --out, or pass --overwrite to replace it",
                 self.out.display()
             );
         }

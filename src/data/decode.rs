@@ -16,17 +16,43 @@ use jpeg_decoder::PixelFormat;
 
 use super::transform::CropBox;
 
+/// Images with more pixels than this are refused before decoding: a small file can claim
+/// 20000×20000 pixels (1.2 GB as RGB) and exhaust memory. The value is PIL's: it raises
+/// DecompressionBombError above 2 × `Image.MAX_IMAGE_PIXELS` = 178,956,970 pixels.
+pub const MAX_IMAGE_PIXELS: u64 = 178_956_970;
+
+fn check_pixels(w: u32, h: u32, path: &Path) -> Result<()> {
+    let n = w as u64 * h as u64;
+    if n > MAX_IMAGE_PIXELS {
+        anyhow::bail!(
+            "image {} is {w}×{h} = {n} pixels, over the limit of {MAX_IMAGE_PIXELS} (a decompression bomb?); not decoded",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 pub fn decode_rgb(path: &Path) -> Result<RgbImage> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot open image {}", path.display()))?;
     decode_bytes(&bytes, path)
 }
 
 fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage> {
-    let img = image::ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .with_context(|| format!("cannot read image {}", path.display()))?
-        .decode()
+    let reader = || {
+        image::ImageReader::new(Cursor::new(bytes))
+            .with_guessed_format()
+            .with_context(|| format!("cannot read image {}", path.display()))
+    };
+    // The header alone first: the pixel limit applies before any allocation.
+    let (w, h) = reader()?
+        .into_dimensions()
         .with_context(|| format!("cannot decode image {}", path.display()))?;
+    check_pixels(w, h, path)?;
+    let mut r = reader()?;
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(MAX_IMAGE_PIXELS * 8); // 16-bit RGBA at the pixel limit
+    r.limits(limits);
+    let img = r.decode().with_context(|| format!("cannot decode image {}", path.display()))?;
     Ok(img.into_rgb8())
 }
 
@@ -35,10 +61,21 @@ fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage> {
 /// whatever the path taken, so the transform's random draws do not depend on it.
 pub fn decode_for(path: &Path, size: u32, plan: impl FnOnce(u32, u32) -> CropBox) -> Result<(RgbImage, CropBox)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot open image {}", path.display()))?;
+    decode_bytes_for(&bytes, path, size, plan)
+}
+
+/// `decode_for` on a file's bytes (`path` only names it in errors): the fuzzing entry point.
+pub fn decode_bytes_for(
+    bytes: &[u8],
+    path: &Path,
+    size: u32,
+    plan: impl FnOnce(u32, u32) -> CropBox,
+) -> Result<(RgbImage, CropBox)> {
     if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
-        let mut dec = jpeg_decoder::Decoder::new(Cursor::new(&bytes[..]));
+        let mut dec = jpeg_decoder::Decoder::new(Cursor::new(bytes));
         if let (Ok(()), Some(info)) = (dec.read_info(), dec.info()) {
             let (w, h) = (info.width as u32, info.height as u32);
+            check_pixels(w, h, path)?;
             let bx = plan(w, h);
             let shrink = bx.width.min(bx.height) / size as f64;
             let s = [8u32].into_iter().find(|&s| shrink >= s as f64);
@@ -56,14 +93,14 @@ pub fn decode_for(path: &Path, size: u32, plan: impl FnOnce(u32, u32) -> CropBox
                 }
             }
             // Full size (or a JPEG the scaled path does not take, e.g. CMYK): the usual decoder.
-            let img = decode_bytes(&bytes, path)?;
+            let img = decode_bytes(bytes, path)?;
             if img.dimensions() != (w, h) {
                 anyhow::bail!("cannot decode image {}: its header says {w}×{h}", path.display());
             }
             return Ok((img, bx));
         }
     }
-    let img = decode_bytes(&bytes, path)?;
+    let img = decode_bytes(bytes, path)?;
     let bx = plan(img.width(), img.height());
     Ok((img, bx))
 }

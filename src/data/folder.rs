@@ -24,19 +24,52 @@ pub fn is_image_file(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-pub fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<std::io::Result<_>>()?;
+/// Image files under `dir`, recursively, sorted; symlinks are followed as torchvision does
+/// (`os.walk(followlinks=True)`), but a link back to a directory being walked is refused (it
+/// would recurse forever). Errors name the path.
+pub fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    walk(dir, out, &mut Vec::new())
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>, ancestors: &mut Vec<PathBuf>) -> Result<()> {
+    let real = match std::fs::canonicalize(dir) {
+        Ok(r) => r,
+        Err(e) => bail_user!("cannot read directory {}: {e}", dir.display()),
+    };
+    if ancestors.contains(&real) {
+        bail_user!(
+            "symlink loop in the data tree: {} leads back to {}",
+            dir.display(),
+            real.display()
+        );
+    }
+    let listing = match std::fs::read_dir(dir).and_then(|r| r.collect::<std::io::Result<Vec<_>>>()) {
+        Ok(l) => l,
+        Err(e) => bail_user!("cannot read directory {}: {e}", dir.display()),
+    };
+    let mut entries = listing;
     entries.sort_by_key(|e| e.file_name());
+    ancestors.push(real);
     for e in entries {
         let path = e.path();
-        // Follow symlinks as torchvision does (os.walk(followlinks=True)).
-        let meta = std::fs::metadata(&path)?;
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            // A dangling symlink: an image that cannot be read (reported when loaded), else ignored.
+            Err(_) if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) => {
+                if is_image_file(&path) {
+                    out.push(path);
+                }
+                continue;
+            }
+            Err(e) => bail_user!("cannot read {}: {e}", path.display()),
+        };
         if meta.is_dir() {
-            walk_images(&path, out)?;
+            walk(&path, out, ancestors)?;
         } else if meta.is_file() && is_image_file(&path) {
             out.push(path);
         }
     }
+    ancestors.pop();
     Ok(())
 }
 
@@ -50,9 +83,12 @@ impl ImageFolder {
             bail_user!("{what} is not a directory: {}", root.display());
         }
         let mut classes: Vec<String> = Vec::new();
-        for e in std::fs::read_dir(root)? {
-            let e = e?;
-            if std::fs::metadata(e.path())?.is_dir() {
+        let listing = match std::fs::read_dir(root).and_then(|r| r.collect::<std::io::Result<Vec<_>>>()) {
+            Ok(l) => l,
+            Err(e) => bail_user!("cannot read {what} directory {}: {e}", root.display()),
+        };
+        for e in listing {
+            if std::fs::metadata(e.path()).is_ok_and(|m| m.is_dir()) {
                 let Some(name) = e.file_name().to_str().map(str::to_owned) else {
                     bail_user!("class directory name is not UTF-8: {}", e.path().display());
                 };

@@ -50,6 +50,19 @@ fn describe(status: ExitStatus) -> String {
 
 /// Runs the workers to completion; returns the launcher's exit code.
 pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
+    // Rank 0 will serve the rendezvous here: a port already taken is the user's to change, said
+    // before any worker starts (c10d's own message comes from every rank, after a wait).
+    if spec.node_rank == 0 {
+        let addr = (spec.master_addr.as_str(), spec.master_port);
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                return Err(crate::error::user_error(format!(
+                    "--master-port {} on {} is already in use; choose another port, or leave --master-port out on one node for a free one",
+                    spec.master_port, spec.master_addr
+                )));
+            }
+        }
+    }
     let exe = std::env::current_exe().context("finding the ringtrain executable")?;
     let world = spec.nproc_per_node * spec.nnodes;
     unsafe {

@@ -151,7 +151,12 @@ pub fn load_state_for(dir: &Path, flag: &str) -> Result<CheckpointState> {
         Ok(b) => b,
         Err(e) => bail_user!("{flag} {}: cannot read {STATE_FILE}: {e}", dir.display()),
     };
-    let state: CheckpointState = match serde_json::from_slice(&bytes) {
+    parse_state(&bytes, dir, flag)
+}
+
+/// A state.json's bytes, checked (`dir` and `flag` name it in errors): the fuzzing entry point.
+pub fn parse_state(bytes: &[u8], dir: &Path, flag: &str) -> Result<CheckpointState> {
+    let state: CheckpointState = match serde_json::from_slice(bytes) {
         Ok(s) => s,
         Err(e) => bail_user!("{flag} {}: invalid {STATE_FILE}: {e}", dir.display()),
     };

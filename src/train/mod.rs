@@ -2,6 +2,7 @@
 //! checkpoint, metrics) → the best epoch's classification report.
 pub mod amp;
 pub mod checkpoint;
+pub mod divergence;
 pub mod ema;
 pub mod eval;
 pub mod optim;
@@ -35,6 +36,7 @@ use crate::report::{plots, write_evaluation};
 use crate::say;
 use crate::shim;
 use checkpoint::{CheckpointState, EpochPosition};
+use divergence::DivergenceGuard;
 use ema::Ema;
 use optim::Optimizer;
 use schedule::PlateauState;
@@ -168,6 +170,13 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     };
     let workers = cfg.workers.unwrap_or((cores / local_world).max(1));
     let n_train = train_samples.len();
+    if cfg.batch_size > n_train {
+        return Err(user_error(format!(
+            "--batch-size {} is larger than the {n_train} training images in {}: no full batch exists",
+            cfg.batch_size,
+            data_dir.display()
+        )));
+    }
     let probe: Vec<PathBuf> = train_samples.iter().take(1000).map(|s| s.0.clone()).collect();
     check_something_decodes(&probe, data_dir)?;
     let shard = |pad| (world > 1).then_some(Shard { rank, world, pad });
@@ -270,7 +279,9 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     }
     let mut tb = None;
     if is_main {
-        std::fs::create_dir_all(&run_dir).with_context(|| format!("creating --out {}", run_dir.display()))?;
+        if let Err(e) = std::fs::create_dir_all(&run_dir) {
+            return Err(user_error(format!("cannot create --out {}: {e}", run_dir.display())));
+        }
         atomic::write_file(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
         let mut w = EventWriter::create(&run_dir)?;
         w.text("config", &format!("```toml\n{}\n```", cfg.to_toml()?), 0)?;
@@ -332,6 +343,15 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     };
     let amp_kind = amp::resolve(&cfg.amp, device)?;
     let mut scaler = (amp_kind == Some(Kind::Half)).then(|| amp::GradScaler::new(device, cfg.loss_scale));
+    let mut guard = DivergenceGuard::new(device, scaler.is_some());
+    let last_good = || {
+        let last = cfg.out.join("last");
+        if last.is_dir() {
+            last.display().to_string()
+        } else {
+            "none yet".to_string()
+        }
+    };
     let mut ema = cfg.ema.map(|d| Ema::new(&model, num_classes, d)).transpose()?;
 
     // ---- where the run starts: from scratch, or exactly where the checkpoint left it
@@ -550,8 +570,12 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
                 ema.update(model.bn_batches);
             }
             run.global_step += 1;
+            guard.record(run.global_step, &loss, found_inf.as_ref());
             let steps_done = step_in_epoch + 1;
             let loss_now = progress.wants_loss(steps_done).then(|| loss.double_value(&[]));
+            if cfg.log_every > 0 && steps_done % cfg.log_every == 0 {
+                guard.check(pg, &last_good())?; // on every rank at the same steps: it may all-reduce
+            }
             if let (Some(l), Some(tb)) = (loss_now, tb.as_mut()) {
                 // The 0-based index of the step just taken, as `epoch * len(loader) + i` in PyTorch scripts.
                 tb.scalar("train/loss", l, run.global_step as i64 - 1)?;
@@ -567,6 +591,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             let periodic =
                 cfg.save_every_steps.is_some_and(|n| run.global_step % n == 0) && steps_done < steps_per_epoch;
             if signal.is_some() || periodic {
+                guard.check(pg, &last_good())?;
                 let sums = Tensor::from_slice(&[
                     loss_sum.double_value(&[]),
                     correct.double_value(&[]),
@@ -604,6 +629,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         if stopped_by.is_some() {
             break;
         }
+        guard.check(pg, &last_good())?;
         let train_secs = resumed_pos.seconds + t0.elapsed().as_secs_f64();
         let comm_share = ddp.as_ref().map(|d| d.take_comm_time().as_secs_f64() / train_secs);
         // Epoch statistics over all ranks (padding repeats count as seen, as in DDP).

@@ -69,3 +69,36 @@ pub fn train_args(data: &Path, out: &Path, flags: &str) -> Vec<String> {
     v.extend(flags.split_whitespace().map(String::from));
     v
 }
+
+/// CRC-32 (IEEE) as PNG chunks use it.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = 0xFFFF_FFFFu32;
+    for &b in bytes {
+        c ^= b as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+/// A small valid image file whose header claims `w`×`h` pixels (a decompression bomb as a
+/// decoder first sees it): PNG with a re-computed IHDR CRC, or baseline JPEG with a patched SOF0.
+pub fn image_claiming(path: &Path, w: u32, h: u32) {
+    let img = image::RgbImage::from_pixel(16, 16, image::Rgb([200, 10, 10]));
+    img.save(path).unwrap();
+    let mut b = std::fs::read(path).unwrap();
+    if b.starts_with(b"\x89PNG") {
+        // signature (8) | length (4) | "IHDR" | width | height | ... | CRC over type + data
+        b[16..20].copy_from_slice(&w.to_be_bytes());
+        b[20..24].copy_from_slice(&h.to_be_bytes());
+        let crc = crc32(&b[12..29]);
+        b[29..33].copy_from_slice(&crc.to_be_bytes());
+    } else {
+        let sof = b.windows(2).position(|m| m == [0xFF, 0xC0]).expect("baseline JPEG");
+        // FF C0 | length (2) | precision (1) | height (2) | width (2)
+        b[sof + 5..sof + 7].copy_from_slice(&(h as u16).to_be_bytes());
+        b[sof + 7..sof + 9].copy_from_slice(&(w as u16).to_be_bytes());
+    }
+    std::fs::write(path, b).unwrap();
+}
