@@ -23,7 +23,8 @@ struct Suite {
     good: PathBuf,
     val: PathBuf,
     base_run: PathBuf,
-    results: Vec<(String, Result<(), String>)>,
+    /// Each case: its name, and how it ended (exit code and first line) or why it failed.
+    results: Vec<(String, Result<String, String>)>,
 }
 
 /// Every file under `dir` with its bytes.
@@ -60,6 +61,13 @@ fn checkpoints(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
         .into_iter()
         .filter(|(p, _)| p.starts_with("last") || p.starts_with("best"))
         .collect()
+}
+
+/// How a run ended, for the table: exit code and the first line of stderr.
+fn how(o: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let first = stderr.lines().next().unwrap_or("").to_string();
+    format!("exit {} | {}", o.status.code().map_or("signal".into(), |c| c.to_string()), first)
 }
 
 fn judge(o: &Output, ends: &Ends<'_>) -> Result<(), String> {
@@ -148,7 +156,7 @@ impl Suite {
                 verdict = verdict.and(Err(format!("a failed run left a checkpoint in {}", out.display())));
             }
         }
-        self.results.push((name.to_string(), verdict));
+        self.results.push((name.to_string(), verdict.map(|_| how(&o))));
     }
 }
 
@@ -367,7 +375,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
         "after the disk-full failure, --resume auto finishes the run".into(),
         judge(&o, &Warns(&[])).and_then(|_| {
             let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-            if csv.lines().count() == 3 { Ok(()) } else { Err(csv) }
+            if csv.lines().count() == 3 { Ok(how(&o)) } else { Err(csv) }
         }),
     ));
     // The loss diverges in the second epoch (lr 1e30): the run stops naming the step, and the
@@ -396,7 +404,10 @@ fn hostile_inputs_and_faults_end_cleanly() {
     let failed: Vec<_> = s.results.iter().filter(|(_, r)| r.is_err()).collect();
     eprintln!("{} cases, {} passed", s.results.len(), s.results.len() - failed.len());
     for (name, r) in &s.results {
-        eprintln!("{} {name}{}", if r.is_ok() { "ok  " } else { "FAIL" }, r.as_ref().err().map(|e| format!(": {e}")).unwrap_or_default());
+        match r {
+            Ok(how) => eprintln!("ok   {name} | {how}"),
+            Err(why) => eprintln!("FAIL {name}: {why}"),
+        }
     }
     assert!(s.results.len() >= 30, "{} cases", s.results.len());
     assert!(failed.is_empty(), "{} of {} cases failed", failed.len(), s.results.len());

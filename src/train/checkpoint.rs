@@ -126,7 +126,12 @@ pub fn save(dir: &Path, model: &Model, state: &CheckpointState, extras: &Extras)
         std::fs::write(tmp.join(STATE_FILE), serde_json::to_vec_pretty(state)?)?;
         Ok(())
     })
-    .with_context(|| format!("saving checkpoint {}", dir.display()))
+    .with_context(|| {
+        format!(
+            "saving checkpoint {} failed, the previous one is intact (free space, then continue with --resume auto)",
+            dir.display()
+        )
+    })
 }
 
 /// Copies a checkpoint directory (atomically), for `--keep`.

@@ -358,9 +358,11 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let (mut start_epoch, mut mid_epoch, mut run) = (0, None, RunState::default());
     if let (Some(dir), Some(st)) = (&resume_from, &resumed) {
         let flag = format!("--resume {}", dir.display());
-        model
-            .load_safetensors(&dir.join(checkpoint::MODEL_FILE))
-            .map_err(|e| user_error(format!("{flag}: {e:#}")))?;
+        model.load_safetensors(&dir.join(checkpoint::MODEL_FILE)).map_err(|e| {
+            user_error(format!(
+                "{flag}: {e:#} (a damaged checkpoint: resume from another one, e.g. best/ or an epoch-NNNN/ of --keep, with --resume DIR)"
+            ))
+        })?;
         let opt_file = dir.join(checkpoint::OPTIMIZER_FILE);
         if !opt_file.is_file() {
             return Err(user_error(format!(

@@ -1,0 +1,17 @@
+//! Any bytes as a checkpoint's files: as state.json (serde + the checks after it), and as a
+//! safetensors file read the way checkpoints and --pretrained weights are (header validated
+//! before any tensor is made, then matched by name and shape into a model). Errors, never panics.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use ringtrain::model::Model;
+use ringtrain::train::checkpoint::{parse_state, read_tensors};
+
+fuzz_target!(|data: &[u8]| {
+    let dir = std::path::Path::new("fuzz-checkpoint");
+    let _ = parse_state(data, dir, "--resume");
+    let file = std::env::temp_dir().join(format!("ringtrain-fuzz-{}.safetensors", std::process::id()));
+    std::fs::write(&file, data).unwrap();
+    let _ = read_tensors(&file, "--resume");
+    let mut model = Model::new("lenet5", 3, tch::Device::Cpu).unwrap();
+    let _ = model.load_pretrained(&file);
+});
