@@ -170,6 +170,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     };
     let workers = cfg.workers.unwrap_or((cores / local_world).max(1));
     let n_train = train_samples.len();
+    let probe: Vec<PathBuf> = train_samples.iter().take(1000).map(|s| s.0.clone()).collect();
+    check_something_decodes(&probe, data_dir)?;
     if cfg.batch_size > n_train {
         return Err(user_error(format!(
             "--batch-size {} is larger than the {n_train} training images in {}: no full batch exists",
@@ -177,8 +179,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             data_dir.display()
         )));
     }
-    let probe: Vec<PathBuf> = train_samples.iter().take(1000).map(|s| s.0.clone()).collect();
-    check_something_decodes(&probe, data_dir)?;
     let shard = |pad| (world > 1).then_some(Shard { rank, world, pad });
     let channels_last = cfg.channels_last.unwrap_or(device.is_cuda());
     let normalize = Normalizer::new(cfg.mean3(), cfg.std3(), device).channels_last(channels_last);
