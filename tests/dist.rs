@@ -340,7 +340,7 @@ fn a_worker_killed_mid_epoch_stops_the_job_naming_its_rank() {
 
 #[test]
 fn bad_rendezvous_fails_clearly_within_the_timeout() {
-    let d = data(2);
+    let d = data(6); // 18 images: a full batch of 16 exists
     // The port is taken: rank 0 cannot host the store.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
