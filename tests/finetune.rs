@@ -106,6 +106,8 @@ fn torchvision_weights_fine_tuned_with_new_head_frozen_layers_and_head_lr() {
         d.path().join("r50").to_str().unwrap(),
         "--model",
         "resnet50",
+        "--batch-size",
+        "8",
         "--device",
         "cpu",
         "--pretrained",
