@@ -8,10 +8,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 data="${1:-$here/../../shared/data/plant-seedlings/train}"
 pairs="${2:-5}"
-bash "$here/../scripts/setup.sh"
-source "$here/../scripts/env.sh"
-cargo build --release --quiet --manifest-path "$here/../Cargo.toml"
-bin="$CARGO_TARGET_DIR/release/ringtrain"
+source "$here/../scripts/build.sh"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 common=(train --data "$data" --model resnet18 --img-size 64 --epochs 2 --batch-size 64 --device cpu
