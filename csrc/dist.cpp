@@ -74,7 +74,8 @@ int listen_on(const std::string& host, int port) {
   }
   freeaddrinfo(res);
   if (fd < 0) {
-    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err));
+    const std::string hint = err == EADDRINUSE ? " (choose another --master-port or MASTER_PORT)" : "";
+    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err) + hint);
   }
   return fd;
 }

@@ -255,7 +255,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<toml::Table> {
             bail_user!(
                 "invalid TOML in --config {} at line {line}: {}",
                 path.display(),
-                first_line(e.message())
+                one_line(e.message())
             )
         }
     }
@@ -270,12 +270,13 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
     match TrainConfig::deserialize(toml::Value::Table(table)) {
         Ok(c) => Ok(c),
         // toml's message spans lines ("invalid type: ..., expected usize", "in `epochs`").
-        Err(e) => bail_user!("invalid configuration: {}", first_line(&e.to_string())),
+        Err(e) => bail_user!("invalid configuration: {}", one_line(&e.to_string())),
     }
 }
 
-/// A multi-line parser message as one line.
-fn first_line(s: &str) -> String {
+/// A multi-line parser message joined into one line (its parts kept, unlike cli's first line of
+/// a libtorch error, whose rest is a stack trace).
+fn one_line(s: &str) -> String {
     s.trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
 }
 

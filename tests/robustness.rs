@@ -138,10 +138,12 @@ impl Suite {
     /// Runs `args`; judges the ending; checks that `keep` (a run directory) still holds the same
     /// checkpoints, and that a fresh `--out` that a failed case named holds none.
     fn case(&mut self, name: &str, args: &[String], ends: Ends<'_>, keep: Option<&Path>) {
-        self.case_with(name, ends, keep, || ringtrain(args), args);
+        let out = args.iter().position(|a| a == "--out").map(|i| PathBuf::from(&args[i + 1]));
+        self.case_with(name, ends, keep, || ringtrain(args), out.as_deref());
     }
 
-    fn case_with(&mut self, name: &str, ends: Ends<'_>, keep: Option<&Path>, run: impl FnOnce() -> Output, args: &[String]) {
+    /// As `case`, for a command that `run` starts itself; `out` is its fresh run directory.
+    fn case_with(&mut self, name: &str, ends: Ends<'_>, keep: Option<&Path>, run: impl FnOnce() -> Output, out: Option<&Path>) {
         let before = keep.map(checkpoints);
         let o = run();
         let mut verdict = judge(&o, &ends);
@@ -150,9 +152,8 @@ impl Suite {
                 verdict = Err(format!("the checkpoints in {} changed", dir.display()));
             }
         }
-        if let (Ends::Error(..), Some(at)) = (&ends, args.iter().position(|a| a == "--out")) {
-            let out = Path::new(&args[at + 1]);
-            if keep.is_none() && out.join("last").exists() {
+        if let (Ends::Error(..), Some(out), None) = (&ends, out, keep) {
+            if out.join("last").exists() {
                 verdict = verdict.and(Err(format!("a failed run left a checkpoint in {}", out.display())));
             }
         }
@@ -369,7 +370,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
             c.output().unwrap()
         }
     };
-    s.case_with("disk full while writing a checkpoint", Error(1, &["File too large"]), Some(&run), limited, &args);
+    s.case_with("disk full while writing a checkpoint", Error(1, &["File too large"]), Some(&run), limited, None);
     let o = ringtrain(&args);
     s.results.push((
         "after the disk-full failure, --resume auto finishes the run".into(),
@@ -388,6 +389,15 @@ fn hostile_inputs_and_faults_end_cleanly() {
     let port = busy.local_addr().unwrap().port().to_string();
     let out = fresh(&s, "port-in-use");
     s.case("master port already in use", &tiny(&good, &val, &out, &["--nproc-per-node", "2", "--master-port", &port, "--epochs", "1", "--dist-timeout", "20"]), Error(2, &[&port]), None);
+    // The same under torchrun/srun/mpirun, whose rank 0 binds the store itself (no launcher check).
+    let out = fresh(&s, "port-in-use-env");
+    let args = tiny(&good, &val, &out, &["--epochs", "1", "--dist-timeout", "20"]);
+    let env_rank0 = || {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"));
+        c.args(&args).envs([("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())]);
+        c.output().unwrap()
+    };
+    s.case_with("master port in use, rank 0 started by torchrun's variables", Error(1, &[&port, "already in use", "MASTER_PORT"]), None, env_rank0, Some(&out));
     drop(busy);
 
     // ---- eval and predict

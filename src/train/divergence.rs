@@ -17,19 +17,23 @@ use crate::error::user_error;
 pub const FP16_MAX_SKIPPED_IN_A_ROW: i64 = 100;
 
 pub struct DivergenceGuard {
-    /// The global step (1-based) of the first non-finite loss, or 0.
+    /// The global step (1-based) of the first non-finite loss on this rank, +inf while there is
+    /// none: in f64 so that one MIN all-reduce gives the earliest over ranks (exact below 2^53).
     first_bad_step: Tensor,
-    /// fp16 steps skipped in a row so far, and the step that began the run of skips.
+    /// fp16: steps skipped in a row so far, and the step that began them. The skip decision is
+    /// already the same on every rank (the scaler all-reduces its inf check), so these are too.
     skipped_in_a_row: Tensor,
     skips_began_at: Tensor,
     fp16: bool,
 }
 
+const HINT: &str = "lower --lr, or add --warmup-epochs or --clip-grad-norm, then --resume";
+
 impl DivergenceGuard {
     pub fn new(device: Device, fp16: bool) -> Self {
         let zero = || Tensor::zeros([1], (Kind::Int64, device));
         DivergenceGuard {
-            first_bad_step: zero(),
+            first_bad_step: Tensor::full([1], f64::INFINITY, (Kind::Double, device)),
             skipped_in_a_row: zero(),
             skips_began_at: zero(),
             fp16,
@@ -39,47 +43,41 @@ impl DivergenceGuard {
     /// Records optimizer step `step` (1-based): its loss and, under fp16, whether it was skipped.
     pub fn record(&mut self, step: usize, loss: &Tensor, skipped: Option<&Tensor>) {
         tch::no_grad(|| {
-            let step = step as i64;
-            let bad = loss.isfinite().logical_not().reshape([1]).to_kind(Kind::Int64);
-            let unset = self.first_bad_step.eq(0).to_kind(Kind::Int64);
-            self.first_bad_step += bad * unset * step;
+            let finite = loss.isfinite().reshape([1]);
+            let here = self.first_bad_step.full_like(f64::INFINITY).where_self(&finite, &self.first_bad_step.full_like(step as f64));
+            self.first_bad_step = self.first_bad_step.minimum(&here);
             if let Some(s) = skipped {
                 let s = s.reshape([1]).gt(0).to_kind(Kind::Int64);
                 let starts = self.skipped_in_a_row.eq(0).to_kind(Kind::Int64) * &s;
-                self.skips_began_at = &self.skips_began_at * (1 - &starts) + &starts * step;
+                self.skips_began_at = &self.skips_began_at * (1 - &starts) + &starts * step as i64;
                 self.skipped_in_a_row = (&self.skipped_in_a_row + 1) * &s;
             }
         });
     }
 
-    /// Reads the record (agreed over ranks: the earliest bad step, the longest run of skips) and
-    /// errors if the run has diverged. `last_good` names the checkpoint left to resume from.
+    /// Reads the record and errors if the run has diverged; on every rank at the same steps, as
+    /// it may all-reduce. `last_good` names the checkpoint left to resume from.
     pub fn check(&self, pg: Option<&ProcessGroup>, last_good: &str) -> Result<()> {
-        let mut v = Tensor::cat(&[&self.first_bad_step, &self.skipped_in_a_row, &self.skips_began_at], 0);
+        if self.fp16 {
+            let skipped = self.skipped_in_a_row.int64_value(&[0]);
+            if skipped >= FP16_MAX_SKIPPED_IN_A_ROW {
+                return Err(user_error(format!(
+                    "fp16: {skipped} steps in a row had NaN or infinite gradients (since step {}): training \
+                     stopped, nothing saved after it; last good checkpoint: {last_good} ({HINT}, or --amp bf16)",
+                    self.skips_began_at.int64_value(&[0])
+                )));
+            }
+            return Ok(());
+        }
+        let first = self.first_bad_step.copy();
         if let Some(pg) = pg {
-            // 0 means "none": map it above every step so that MIN finds the earliest bad one.
-            let first = v.get(0);
-            let first = first.where_self(&first.gt(0), &Tensor::from(i64::MAX).to_device(first.device()));
-            let agreed = Tensor::cat(&[first.reshape([1]), -v.get(1).reshape([1])], 0).to_kind(Kind::Double);
-            pg.all_reduce(&agreed, ReduceOp::Min)?;
-            let a = Vec::<f64>::try_from(&agreed.to_device(Device::Cpu))?;
-            let first = if a[0] >= i64::MAX as f64 { 0 } else { a[0] as i64 };
-            v = Tensor::from_slice(&[first, -a[1] as i64, v.int64_value(&[2])]);
+            pg.all_reduce(&first, ReduceOp::Min)?;
         }
-        let v = Vec::<i64>::try_from(&v.to_device(Device::Cpu))?;
-        let hint = "lower --lr, or add --warmup-epochs or --clip-grad-norm, then --resume";
-        if !self.fp16 && v[0] > 0 {
+        let first = first.double_value(&[0]);
+        if first.is_finite() {
             return Err(user_error(format!(
-                "the loss became NaN or infinite at step {}: training stopped, nothing saved after it; \
-                 last good checkpoint: {last_good} ({hint})",
-                v[0]
-            )));
-        }
-        if self.fp16 && v[1] >= FP16_MAX_SKIPPED_IN_A_ROW {
-            return Err(user_error(format!(
-                "fp16: {} steps in a row had NaN or infinite gradients (since step {}): training stopped, \
-                 nothing saved after it; last good checkpoint: {last_good} ({hint}, or --amp bf16)",
-                v[1], v[2]
+                "the loss became NaN or infinite at step {first}: training stopped, nothing saved after it; \
+                 last good checkpoint: {last_good} ({HINT})"
             )));
         }
         Ok(())
