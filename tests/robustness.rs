@@ -70,6 +70,11 @@ fn how(o: &Output) -> String {
     format!("exit {} | {}", o.status.code().map_or("signal".into(), |c| c.to_string()), first)
 }
 
+/// A line without the "[rank R] " that the built-in launcher puts before a worker's lines.
+fn unprefixed(line: &str) -> &str {
+    line.strip_prefix("[rank ").and_then(|r| r.split_once("] ")).map_or(line, |(_, rest)| rest)
+}
+
 fn judge(o: &Output, ends: &Ends<'_>) -> Result<(), String> {
     let stderr = String::from_utf8_lossy(&o.stderr);
     if stderr.contains("panicked") || stderr.contains("stack backtrace") || stderr.contains("internal error") {
@@ -80,7 +85,7 @@ fn judge(o: &Output, ends: &Ends<'_>) -> Result<(), String> {
             if o.status.code() != Some(*code) {
                 return Err(format!("exit {:?}, expected {code}: {stderr}", o.status.code()));
             }
-            let lines: Vec<&str> = stderr.lines().filter(|l| !l.starts_with("warning:")).collect();
+            let lines: Vec<&str> = stderr.lines().map(unprefixed).filter(|l| !l.starts_with("warning:")).collect();
             if lines.len() != 1 || !lines[0].starts_with("error: ") {
                 return Err(format!("expected one 'error:' line, got: {stderr}"));
             }
@@ -282,11 +287,13 @@ fn hostile_inputs_and_faults_end_cleanly() {
     s.case("class and file names that look like options", &tiny(&d, &v2, &out, &["--epochs", "1"]), Warns(&[]), None);
 
     // ---- flags
-    let flag_cases: [(&str, &[&str], &[&str]); 14] = [
+    let flag_cases: [(&str, &[&str], &[&str]); 15] = [
         ("unknown model", &["--model", "resnet9000"], &["unknown --model 'resnet9000'"]),
         ("negative learning rate", &["--lr", "-0.1"], &["--lr must be a positive number"]),
         ("NaN learning rate", &["--lr", "NaN"], &["--lr must be a positive number"]),
         ("batch size larger than the data set", &["--batch-size", "64"], &["--batch-size 64 is larger than the 12 training images"]),
+        // Found by every worker alike: the launcher shows it once, as the whole message.
+        ("batch size larger than the data set, 2 ranks", &["--batch-size", "64", "--nproc-per-node", "2"], &["--batch-size 64 is larger than the 12 training images"]),
         ("image size 0", &["--img-size", "0"], &["--img-size"]),
         ("zero epochs", &["--epochs", "0"], &["--epochs"]),
         ("validation split of 1.5 without --val", &["--val-split", "1.5"], &["--val-split"]),

@@ -5,10 +5,15 @@
 //!   with 128 + the signal; the launcher then exits with that code too.
 //! - Failure: when a worker fails, the others get SIGTERM (SIGKILL 10 s later), and the launcher
 //!   exits non-zero naming the rank and how it ended. Workers die with the launcher (PDEATHSIG).
+//!   A bad input is found by every worker alike: its `error:` line is shown once, from the first
+//!   rank that printed it, and when the first worker to fail ended with the user-error code 2,
+//!   that line is the whole message.
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -71,6 +76,7 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
     }
     let mut children: Vec<(usize, Child)> = Vec::new();
     let mut readers = Vec::new();
+    let errors_shown: Arc<Mutex<HashSet<String>>> = Arc::default();
     for local in 0..spec.nproc_per_node {
         let rank = spec.node_rank * spec.nproc_per_node + local;
         let mut cmd = Command::new(&exe);
@@ -114,8 +120,13 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
             ),
         ] {
             let Some(stream) = stream else { continue };
+            let errors_shown = errors_shown.clone();
             readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(|l| l.ok()) {
+                    let repeated = || !errors_shown.lock().unwrap().insert(line.clone());
+                    if to_stderr && line.starts_with("error: ") && repeated() {
+                        continue; // another rank said it already
+                    }
                     if to_stderr {
                         let _ = writeln!(std::io::stderr().lock(), "[rank {rank}] {line}");
                     } else {
@@ -173,6 +184,11 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
     let Some((rank, pid, s)) = first_failure else {
         return Ok(forwarded.map(|f| 128 + f).unwrap_or(0));
     };
+    // The first to fail rejected the input (exit code 2, a user error) and said why: that line
+    // is the message, whether the others found the same or were stopped first.
+    if s.code() == Some(2) {
+        return Ok(2);
+    }
     let others: Vec<String> = children
         .iter()
         .zip(&status)
@@ -184,10 +200,5 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
         describe(s),
         others.join(", ")
     );
-    // Every worker rejected the input the same way: keep the user-error exit code.
-    Ok(if status.iter().all(|s| s.and_then(|s| s.code()) == Some(2)) {
-        2
-    } else {
-        1
-    })
+    Ok(1)
 }
