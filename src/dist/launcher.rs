@@ -8,10 +8,10 @@
 //!   A bad input is found by every worker alike: its `error:` line is shown once, from the first
 //!   rank that printed it, and when the first worker to fail ended with the user-error code 2,
 //!   that line is the whole message.
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -44,7 +44,10 @@ impl DivergenceGuard {
     pub fn record(&mut self, step: usize, loss: &Tensor, skipped: Option<&Tensor>) {
         tch::no_grad(|| {
             let finite = loss.isfinite().reshape([1]);
-            let here = self.first_bad_step.full_like(f64::INFINITY).where_self(&finite, &self.first_bad_step.full_like(step as f64));
+            let here = self
+                .first_bad_step
+                .full_like(f64::INFINITY)
+                .where_self(&finite, &self.first_bad_step.full_like(step as f64));
             self.first_bad_step = self.first_bad_step.minimum(&here);
             if let Some(s) = skipped {
                 let s = s.reshape([1]).gt(0).to_kind(Kind::Int64);
