@@ -339,30 +339,10 @@ fn a_worker_killed_mid_epoch_stops_the_job_naming_its_rank() {
 }
 
 #[test]
-fn bad_rendezvous_fails_clearly_within_the_timeout() {
+fn a_rank_without_a_master_gives_up_clearly_within_the_timeout() {
     let d = data(6); // 18 images: a full batch of 16 exists
-    // The port is taken: rank 0 cannot host the store.
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = taken.local_addr().unwrap().port().to_string();
-    let o = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
-        .args(train_args(&d, &d.root.join("a"), "lenet5"))
-        .args(["--dist-timeout", "5"])
-        .envs([
-            ("RANK", "0"),
-            ("WORLD_SIZE", "2"),
-            ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", port.as_str()),
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && stderr.contains("rendezvous with the master at 127.0.0.1:") && stderr.contains(&port),
-        "{stderr}"
-    );
-
-    // Nobody serves the store: a non-zero rank gives up after --dist-timeout.
-    drop(taken);
+    // Nobody serves the store: a non-zero rank gives up after --dist-timeout. (A taken port for
+    // rank 0's store is a case of tests/robustness.rs.)
     let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
     let t0 = Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_ringtrain"))

@@ -35,6 +35,9 @@ fn every_recipe_parses_and_validates() {
     for p in recipes() {
         let mut flags = toml::Table::new();
         flags.insert("data".into(), toml::Value::String(data.path().to_string_lossy().into()));
+        // The recipe's own `out` (runs/...) may hold a run of whoever ran it in this checkout.
+        let out = data.path().join(p.file_stem().unwrap());
+        flags.insert("out".into(), toml::Value::String(out.to_string_lossy().into()));
         let mut cfg = ringtrain::config::resolve(Some(ringtrain::config::read_toml(&p).unwrap()), flags)
             .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         cfg.amp = "off".into(); // fp16 needs a CUDA device, which a CI machine lacks

@@ -404,7 +404,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
         c.args(&args).envs([("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())]);
         c.output().unwrap()
     };
-    s.case_with("master port in use, rank 0 started by torchrun's variables", Error(1, &[&port, "already in use", "MASTER_PORT"]), None, env_rank0, Some(&out));
+    s.case_with("master port in use, rank 0 started by torchrun's variables", Error(1, &["rendezvous with the master at 127.0.0.1:", &port, "already in use", "MASTER_PORT"]), None, env_rank0, Some(&out));
     drop(busy);
 
     // ---- eval and predict

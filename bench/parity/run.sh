@@ -17,15 +17,29 @@ mkdir -p "$out"
 echo "runs in $out"
 results="$out/results.jsonl"
 : > "$results"
+# One results row: SIDE SEED WALL_S and the run's last epoch, read from ringtrain's metrics.csv
+# (fractions) or torch_train.py's last JSON line (percentages).
+row() {
+  "$RINGTRAIN_PYTHON" - "$@" >> "$results" <<'PY'
+import csv, json, sys
+side, seed, wall, source = sys.argv[1:]
+if side == "ringtrain":
+    last = list(csv.DictReader(open(source)))[-1]
+    top1, f1 = 100 * float(last["val_top1"]), 100 * float(last["val_macro_f1"])
+else:
+    last = json.loads(open(source).read().splitlines()[-1])
+    top1, f1 = last["val_top1"], last["val_macro_f1"]
+print(json.dumps({"side": side, "seed": int(seed), "val_top1": top1, "val_macro_f1": f1, "wall_s": float(wall)}))
+PY
+}
 for seed in $seeds; do
   t0=$SECONDS
   "$bin" train --config "$recipe" --data "$root/train" --val "$root/test" --seed "$seed" \
       --workers "$workers" --out "$out/ringtrain-$seed" > "$out/ringtrain-$seed.log"
-    tail -1 "$out/ringtrain-$seed/metrics.csv" | awk -F, -v s="$seed" -v w="$((SECONDS - t0))" \
-      '{printf "{\"side\":\"ringtrain\",\"seed\":%s,\"val_top1\":%s,\"val_macro_f1\":%s,\"wall_s\":%s}\n", s, 100*$5, 100*$11, w}' >> "$results"
+  row ringtrain "$seed" $((SECONDS - t0)) "$out/ringtrain-$seed/metrics.csv"
   t0=$SECONDS
   "$RINGTRAIN_PYTHON" "$here/torch_train.py" "$recipe" "$root/train" "$root/test" "$seed" "$workers" > "$out/pytorch-$seed.log"
-    tail -1 "$out/pytorch-$seed.log" | "$RINGTRAIN_PYTHON" -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"side":"pytorch","seed":int(sys.argv[1]),"val_top1":r["val_top1"],"val_macro_f1":r["val_macro_f1"],"wall_s":float(sys.argv[2])}))' "$seed" "$((SECONDS - t0))" >> "$results"
+  row pytorch "$seed" $((SECONDS - t0)) "$out/pytorch-$seed.log"
   tail -2 "$results"
 done
 "$RINGTRAIN_PYTHON" - "$results" <<'PY'

@@ -17,8 +17,9 @@ use crate::error::user_error;
 pub const FP16_MAX_SKIPPED_IN_A_ROW: i64 = 100;
 
 pub struct DivergenceGuard {
-    /// The global step (1-based) of the first non-finite loss on this rank, +inf while there is
-    /// none: in f64 so that one MIN all-reduce gives the earliest over ranks (exact below 2^53).
+    /// fp32 and bf16: the global step (1-based) of the first non-finite loss on this rank, +inf
+    /// while there is none: in f64 so that one MIN all-reduce gives the earliest over ranks
+    /// (exact below 2^53).
     first_bad_step: Tensor,
     /// fp16: steps skipped in a row so far, and the step that began them. The skip decision is
     /// already the same on every rank (the scaler all-reduces its inf check), so these are too.
@@ -40,20 +41,23 @@ impl DivergenceGuard {
         }
     }
 
-    /// Records optimizer step `step` (1-based): its loss and, under fp16, whether it was skipped.
+    /// Records optimizer step `step` (1-based): under fp16 whether the scaler skipped it
+    /// (`skipped`, what fp16's check reads), otherwise whether its loss was finite.
     pub fn record(&mut self, step: usize, loss: &Tensor, skipped: Option<&Tensor>) {
-        tch::no_grad(|| {
-            let finite = loss.isfinite().reshape([1]);
-            let here = self
-                .first_bad_step
-                .full_like(f64::INFINITY)
-                .where_self(&finite, &self.first_bad_step.full_like(step as f64));
-            self.first_bad_step = self.first_bad_step.minimum(&here);
-            if let Some(s) = skipped {
+        tch::no_grad(|| match skipped {
+            Some(s) => {
                 let s = s.reshape([1]).gt(0).to_kind(Kind::Int64);
                 let starts = self.skipped_in_a_row.eq(0).to_kind(Kind::Int64) * &s;
                 self.skips_began_at = &self.skips_began_at * (1 - &starts) + &starts * step as i64;
                 self.skipped_in_a_row = (&self.skipped_in_a_row + 1) * &s;
+            }
+            None => {
+                let finite = loss.isfinite().reshape([1]);
+                let here = self
+                    .first_bad_step
+                    .full_like(f64::INFINITY)
+                    .where_self(&finite, &self.first_bad_step.full_like(step as f64));
+                self.first_bad_step = self.first_bad_step.minimum(&here);
             }
         });
     }
