@@ -2,6 +2,9 @@
 //! binaries load libtorch's CUDA libraries when present and find libtorch without LD_LIBRARY_PATH.
 use std::path::PathBuf;
 
+#[path = "build_support/cuda.rs"]
+mod cuda;
+
 fn main() {
     // torch-sys declares `links = "tch"` and exports the library directory it linked against.
     let lib = PathBuf::from(
@@ -17,9 +20,30 @@ fn main() {
         "csrc/shim.h",
         "csrc/pg.h",
         "csrc/error.h",
+        "build_support/cuda.rs",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }
+    // Headers installed (or removed) later must rebuild the shim with (or without) NCCL.
+    for h in cuda::nccl_headers(&lib) {
+        println!("cargo:rerun-if-changed={}", h.display());
+    }
+    println!("cargo:rerun-if-changed={}", lib.join("libtorch_cuda.so").display());
+    println!("cargo:rerun-if-env-changed={}", cuda::NO_NCCL_VAR);
+    let no_nccl = std::env::var(cuda::NO_NCCL_VAR).is_ok_and(|v| !v.is_empty() && v != "0");
+    let plan = match cuda::decide(&lib, no_nccl) {
+        Ok(p) => p,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            std::process::exit(1);
+        }
+    };
+    // What --version reports.
+    println!("cargo:rustc-env=RINGTRAIN_BUILT_CUDA={}", plan.cuda as u8);
+    println!(
+        "cargo:rustc-env=RINGTRAIN_BUILT_NCCL={}",
+        plan.nccl_includes.is_some() as u8
+    );
 
     let mut build = cc::Build::new();
     build
@@ -38,26 +62,17 @@ fn main() {
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
         .warnings(false);
-    // NCCL: the CUDA and NCCL headers of the same Python environment (the CUDA ones completed by
-    // the cuda-toolkit[cccl,crt] wheel). Without them the shim builds with Gloo only.
-    let nvidia = lib.join("../../nvidia");
-    let (cuda_inc, nccl_inc) = (nvidia.join("cu13/include"), nvidia.join("nccl/include"));
-    if cuda_inc.join("nv/target").exists()
-        && cuda_inc.join("crt/host_config.h").exists()
-        && nccl_inc.join("nccl.h").exists()
-    {
+    // NCCL: the CUDA and NCCL headers of the same Python environment (see build_support/cuda.rs).
+    if let Some([cuda_inc, nccl_inc]) = &plan.nccl_includes {
         build
-            .include(&cuda_inc)
-            .include(&nccl_inc)
+            .include(cuda_inc)
+            .include(nccl_inc)
             .define("USE_C10D_NCCL", None)
             .define("USE_CUDA", None)
             .define("RT_WITH_NCCL", None)
             .define("RT_WITH_CUDA", None);
-    } else {
-        println!(
-            "cargo:warning=CUDA/NCCL headers not found under {}: building without NCCL",
-            nvidia.display()
-        );
+    } else if plan.cuda {
+        println!("cargo:warning={}=1: building without NCCL", cuda::NO_NCCL_VAR);
     }
     build.compile("ringtrain_shim");
 
@@ -65,18 +80,28 @@ fn main() {
     // The final link otherwise keeps only torch_cpu and c10, and CUDA would be silently absent.
     // --no-as-needed keeps the CUDA libraries as dependencies; they load (and find no GPU) on
     // CPU-only machines too. RUNPATH (new dtags) lets LD_LIBRARY_PATH point at another libtorch.
-    for arg in [
-        format!("-L{lib}"),
-        "-Wl,--no-as-needed".to_string(),
-        "-ltorch_cuda".to_string(),
-        "-lc10_cuda".to_string(),
-        "-ltorch_cpu".to_string(),
-        "-lc10".to_string(),
-        "-ltorch".to_string(),
-        "-Wl,--as-needed".to_string(),
-        "-Wl,--enable-new-dtags".to_string(),
-        format!("-Wl,-rpath,{lib}"),
-    ] {
+    // A CPU-only libtorch has no CUDA libraries to link.
+    let cuda_libs: &[&str] = if plan.cuda {
+        &["-ltorch_cuda", "-lc10_cuda"]
+    } else {
+        &[]
+    };
+    let args = [format!("-L{lib}"), "-Wl,--no-as-needed".to_string()]
+        .into_iter()
+        .chain(cuda_libs.iter().map(|s| s.to_string()))
+        .chain(
+            [
+                "-ltorch_cpu",
+                "-lc10",
+                "-ltorch",
+                "-Wl,--as-needed",
+                "-Wl,--enable-new-dtags",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        )
+        .chain([format!("-Wl,-rpath,{lib}")]);
+    for arg in args {
         // All linked targets: the binary, integration tests and the library's unit tests.
         println!("cargo:rustc-link-arg={arg}");
     }

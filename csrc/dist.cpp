@@ -13,13 +13,20 @@
 //    authentication; the docs say to keep it on a private network.
 //  - Gloo needs a network device to bind: GLOO_SOCKET_IFNAME if set (as in PyTorch), loopback when
 //    the master is local, otherwise the address this host's name resolves to.
-//  - NCCL: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless the user set it, so a dead peer or a timeout
-//    aborts the communicator and surfaces as an error in wait(), instead of a hang.
+//  - NCCL: the group is bound to the rank's CUDA device (made current first, then
+//    setBoundDeviceId + an eager connect, as init_process_group(device_id=...) does), so
+//    barriers and the communicator use that device, not one guessed from the rank.
+//    TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (TearDown) unless the user set it: when a collective
+//    fails or outlasts the timeout (a dead or hung peer), NCCL's watchdog aborts the
+//    communicators and then the process (SIGABRT), instead of leaving it hanging; the launcher
+//    names that end. wait() on NCCL work does not block the host: it makes the current CUDA
+//    stream wait for the collective.
 #include "shim.h"
 #include "pg.h"
 #include "error.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -100,7 +107,7 @@ int rt_nccl_available(void) {
 }
 
 rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int rank, int world,
-                 int64_t timeout_ms) {
+                 int64_t timeout_ms, int cuda_device) {
   return rt_guard<rt_pg*>([&]() -> rt_pg* {
     const auto timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions so;
@@ -129,10 +136,16 @@ rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int ran
       pg->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(pg->store, rank, world, opts);
     } else if (name == "nccl") {
 #ifdef RT_WITH_NCCL
+      TORCH_CHECK(cuda_device >= 0, "the NCCL backend needs the rank's CUDA device");
+      const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device));
+      c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
       setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;
-      pg->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg->store, rank, world, opts);
+      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg->store, rank, world, opts);
+      nccl->setBoundDeviceId(device);
+      nccl->eagerConnectSingleDevice(device);
+      pg->backend = nccl;
 #else
       throw std::runtime_error("this build of ringtrain has no NCCL support");
 #endif

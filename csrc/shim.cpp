@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Logging.h>
 #include <torch/headeronly/version.h>
 
@@ -125,6 +127,50 @@ int64_t rt_cuda_peak_memory(int device, int reset) {
   return -1;
 #endif
 }
+
+// Device-generic c10 APIs (the CUDA implementation registers itself when libtorch_cuda loads),
+// so these need no CUDA headers at build time.
+int rt_cuda_set_device(int device) {
+  return guarded([&] {
+    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+    return 0;
+  });
+}
+
+struct rt_cuda_timer {
+  at::Device device;
+  c10::Event start{at::kCUDA, c10::EventFlag::BACKEND_DEFAULT};  // BACKEND_DEFAULT: timing on
+  c10::Event stop{at::kCUDA, c10::EventFlag::BACKEND_DEFAULT};
+};
+
+namespace {
+c10::Stream current_stream(at::Device d) { return c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(d); }
+}  // namespace
+
+rt_cuda_timer* rt_cuda_timer_start(int device) {
+  return rt_guard<rt_cuda_timer*>([&] {
+    auto* t = new rt_cuda_timer{at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device))};
+    t->start.record(current_stream(t->device));
+    return t;
+  }, nullptr);
+}
+
+int rt_cuda_timer_stop(rt_cuda_timer* t) {
+  return guarded([&] {
+    t->stop.record(current_stream(t->device));
+    return 0;
+  });
+}
+
+double rt_cuda_timer_elapsed_ms(rt_cuda_timer* t, int wait) {
+  return rt_guard<double>([&]() -> double {
+    if (wait) t->stop.synchronize();
+    else if (!t->stop.query()) return -1.0;
+    return t->start.elapsedTime(t->stop);
+  }, -2.0);
+}
+
+void rt_cuda_timer_free(rt_cuda_timer* t) { delete t; }
 
 const char* rt_torch_version(void) {
   return RT_STR(TORCH_VERSION_MAJOR) "." RT_STR(TORCH_VERSION_MINOR) "." RT_STR(TORCH_VERSION_PATCH);

@@ -51,6 +51,18 @@ rt_tensor* rt_empty_pinned(const int64_t* sizes, int ndim, int dtype);
 // (reset != 0 resets and returns 0); -1 without CUDA.
 int64_t rt_cuda_peak_memory(int device, int reset);
 
+// Makes `device` the current CUDA device (torch.cuda.set_device).
+int rt_cuda_set_device(int device);
+
+// Time spent by the current CUDA stream of `device` between start and stop (two timing events,
+// as torch.cuda.Event(enable_timing=True)): measures work the host does not wait for.
+// elapsed: milliseconds; -1 while the stop event is not reached (wait = 0); -2 on failure.
+typedef struct rt_cuda_timer rt_cuda_timer;
+rt_cuda_timer* rt_cuda_timer_start(int device);
+int rt_cuda_timer_stop(rt_cuda_timer* t);
+double rt_cuda_timer_elapsed_ms(rt_cuda_timer* t, int wait);
+void rt_cuda_timer_free(rt_cuda_timer* t);
+
 // Versions for bug reports: libtorch "2.11.0"; CUDA runtime and cuDNN as integers (0 = absent).
 const char* rt_torch_version(void);
 int64_t rt_cuda_runtime_version(void);
@@ -58,8 +70,9 @@ int64_t rt_cudnn_version(void);
 
 // ---- Fused optimizer steps (optim.cpp), as torch.optim's fused=True. Tensors of one call share
 // a device and dtype. grad_scale (optional): gradients are divided by it inside the kernel.
-// found_inf (optional, 1 element): when it holds 1 the whole step is skipped on the device,
-// with no host synchronisation. bufs is null when momentum is 0; first_step copies the
+// found_inf (optional, 0-dim as torch.amp.GradScaler's; a 1-element one is read as that
+// scalar): when it holds 1 the whole step is skipped on the device, with no host
+// synchronisation. Parameters, gradients and state must share one layout (strides): checked. bufs is null when momentum is 0; first_step copies the
 // gradient into the buffers (torch's first-step rule). Adam's step counters are float32
 // scalars; decoupled != 0 selects AdamW.
 int rt_fused_sgd(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, double weight_decay,
@@ -74,8 +87,9 @@ typedef struct rt_pg rt_pg;
 typedef struct rt_work rt_work;
 int rt_nccl_available(void);
 // backend: "gloo" or "nccl". Rank 0 hosts the store on master_addr:port. Null on failure.
+// cuda_device: the rank's CUDA device for NCCL (made current and bound to the group), -1 for Gloo.
 rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int rank, int world,
-                 int64_t timeout_ms);
+                 int64_t timeout_ms, int cuda_device);
 void rt_pg_free(rt_pg* pg);
 // Collectives start asynchronously and return a work handle (null on failure);
 // rt_work_wait waits for it, frees it, and returns 0 or -1. op: 0 = sum, 1 = max, 2 = min.

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
-use tch::Device;
 
 use crate::config::{self, OptimizerKind, SchedKind, TrainConfig};
 use crate::data::demo;
@@ -487,7 +486,9 @@ fn demo(args: &DemoArgs) -> Result<()> {
     flags.insert("epochs".into(), toml::Value::Integer(args.epochs as i64));
     flags.insert("seed".into(), toml::Value::Integer(args.seed as i64));
     flags.insert("device".into(), toml::Value::String(args.device.clone()));
-    let recipe = DEMO_RECIPE.parse::<toml::Table>().expect("recipes/demo.toml is valid TOML");
+    let recipe = DEMO_RECIPE
+        .parse::<toml::Table>()
+        .expect("recipes/demo.toml is valid TOML");
     let mut cfg = config::resolve(Some(recipe), flags)?;
     if cfg.epochs <= 1 {
         cfg.warmup_epochs = 0.0; // a one-epoch check run: no warm-up to spend it in
@@ -601,25 +602,19 @@ fn eval(args: &EvalArgs) -> Result<()> {
     // Under torchrun, srun or mpirun each rank evaluates its shard; the counts are combined
     // so every image counts exactly once, and rank 0 writes the report.
     let denv = dist_env::from_process_env()?;
-    if let (Some(e), Device::Cuda(_)) = (&denv, device) {
-        device = Device::Cuda(e.local_rank);
+    if let Some(e) = &denv {
+        device = crate::dist::worker_device(device, e)?;
     }
     let pg = match &denv {
-        Some(e) => {
-            let backend = if device.is_cuda() && nccl_available() {
-                Backend::Nccl
-            } else {
-                Backend::Gloo
-            };
-            Some(ProcessGroup::new(
-                backend,
-                &e.master_addr,
-                e.master_port,
-                e.rank,
-                e.world_size,
-                std::time::Duration::from_secs(1800),
-            )?)
-        }
+        Some(e) => Some(ProcessGroup::new(
+            Backend::for_device(device),
+            &e.master_addr,
+            e.master_port,
+            e.rank,
+            e.world_size,
+            std::time::Duration::from_secs(1800),
+            device,
+        )?),
         None => None,
     };
     let is_main = pg.as_ref().is_none_or(|p| p.rank == 0);
@@ -910,6 +905,12 @@ fn version() -> String {
         env!("CARGO_PKG_VERSION"),
         shim::torch_version()
     );
+    let yes_no = |b: bool| if b { "yes" } else { "no" };
+    s += &format!(
+        "\nbuilt with: CUDA {}, NCCL {}",
+        yes_no(shim::built_with_cuda()),
+        yes_no(nccl_available())
+    );
     match shim::cuda_version() {
         Some(v) => s += &format!("\nCUDA {v} ({} device(s) visible)", tch::Cuda::device_count()),
         None => s += "\nCUDA not available",
@@ -998,7 +999,10 @@ pub fn main() -> i32 {
                 .map(|s| s.to_string())
                 .or_else(|| info.payload().downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            let at = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
             eprintln!("error: internal error{at}: {} (please report it)", first_line(&msg));
         }));
     }

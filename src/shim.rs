@@ -7,6 +7,10 @@ use tch::{Device, Kind, Tensor};
 
 mod ffi {
     use super::*;
+    #[repr(C)]
+    pub struct RtCudaTimer {
+        _private: [u8; 0],
+    }
     extern "C" {
         pub fn rt_last_error() -> *const c_char;
         pub fn rt_set_log_level(level: c_int);
@@ -58,6 +62,11 @@ mod ffi {
             found_inf: *mut torch_sys::C_tensor,
         ) -> c_int;
         pub fn rt_cuda_peak_memory(device: c_int, reset: c_int) -> i64;
+        pub fn rt_cuda_set_device(device: c_int) -> c_int;
+        pub fn rt_cuda_timer_start(device: c_int) -> *mut RtCudaTimer;
+        pub fn rt_cuda_timer_stop(t: *mut RtCudaTimer) -> c_int;
+        pub fn rt_cuda_timer_elapsed_ms(t: *mut RtCudaTimer, wait: c_int) -> f64;
+        pub fn rt_cuda_timer_free(t: *mut RtCudaTimer);
         pub fn rt_torch_version() -> *const c_char;
         pub fn rt_cuda_runtime_version() -> i64;
         pub fn rt_cudnn_version() -> i64;
@@ -210,6 +219,7 @@ pub fn empty_pinned(sizes: &[i64], kind: tch::Kind) -> Result<Tensor> {
     // c10::ScalarType values.
     let dtype = match kind {
         tch::Kind::Uint8 => 0,
+        tch::Kind::Int64 => 4,
         tch::Kind::Float => 6,
         k => bail!("empty_pinned: unsupported kind {k:?}"),
     };
@@ -332,6 +342,62 @@ pub fn cuda_peak_memory(device: usize) -> Option<u64> {
 
 pub fn reset_cuda_peak_memory(device: usize) {
     unsafe { ffi::rt_cuda_peak_memory(device as c_int, 1) };
+}
+
+/// Makes CUDA device `index` the current one (torch.cuda.set_device): the device of the caching
+/// allocator's defaults, of NCCL's communicator and of the stream the timers below use.
+pub fn set_cuda_device(index: usize) -> Result<()> {
+    check(unsafe { ffi::rt_cuda_set_device(index as c_int) })?;
+    Ok(())
+}
+
+/// Time the current CUDA stream of a device spends between `start` and `stop`, as a pair of
+/// torch.cuda.Event(enable_timing=True): for work the host only queues (an NCCL all-reduce's
+/// wait makes the stream wait, not the host).
+pub struct CudaTimer(*mut ffi::RtCudaTimer);
+
+impl CudaTimer {
+    pub fn start(device: usize) -> Result<CudaTimer> {
+        let t = unsafe { ffi::rt_cuda_timer_start(device as c_int) };
+        if t.is_null() {
+            bail!("libtorch: {}", last_error());
+        }
+        Ok(CudaTimer(t))
+    }
+
+    pub fn stop(&self) -> Result<()> {
+        check(unsafe { ffi::rt_cuda_timer_stop(self.0) })?;
+        Ok(())
+    }
+
+    /// The time between the two events; None while the stream has not reached `stop` (unless
+    /// `wait`, which blocks until it has).
+    pub fn elapsed(&self, wait: bool) -> Result<Option<std::time::Duration>> {
+        let ms = unsafe { ffi::rt_cuda_timer_elapsed_ms(self.0, wait as c_int) };
+        if ms == -1.0 {
+            return Ok(None);
+        }
+        if ms < 0.0 {
+            bail!("libtorch: {}", last_error());
+        }
+        Ok(Some(std::time::Duration::from_secs_f64(ms / 1000.0)))
+    }
+}
+
+impl Drop for CudaTimer {
+    fn drop(&mut self) {
+        unsafe { ffi::rt_cuda_timer_free(self.0) }
+    }
+}
+
+/// Whether this binary was linked against libtorch's CUDA libraries (CUDA loads when a GPU
+/// is present), and whether its shim has the NCCL backend (decided by build.rs).
+pub fn built_with_cuda() -> bool {
+    env!("RINGTRAIN_BUILT_CUDA") == "1"
+}
+
+pub fn built_with_nccl() -> bool {
+    env!("RINGTRAIN_BUILT_NCCL") == "1"
 }
 
 pub fn torch_version() -> String {

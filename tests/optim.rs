@@ -1,13 +1,16 @@
 //! The optimizers against torch.optim on a scripted problem (three parameter groups: decayed
-//! body, BatchNorm without weight decay, head at 10× LR; a changing LR; one step skipped for an
-//! fp16 overflow): equal to torch's fused kernels and, within float rounding, to its reference
-//! for-loop implementation. A save/load of the state in the middle changes nothing, bit for bit.
+//! body, BatchNorm without weight decay, head at 10× LR; a changing LR), driven by fp16's
+//! GradScaler with its real tensors on both sides (ours and torch.amp.GradScaler; one step has
+//! an inf gradient, is skipped and backs the scale off): equal to torch's fused kernels and,
+//! within float rounding, to its reference for-loop implementation; the step counters and the
+//! scale end equal too. A save/load of the state in the middle changes nothing, bit for bit.
 //! ReduceLROnPlateau against torch's on a metric sequence.
 mod common;
 
 use std::collections::{HashMap, HashSet};
 
 use ringtrain::config::{OptimizerKind, TrainConfig};
+use ringtrain::train::amp::GradScaler;
 use ringtrain::train::optim::{Optimizer, Placement};
 use ringtrain::train::schedule::{Plateau, PlateauState};
 use tch::{Device, Kind, Tensor};
@@ -59,15 +62,24 @@ fn new_optimizer(kind: &str, params: &[(String, Tensor)]) -> Optimizer {
     )
 }
 
-/// Steps `range` of the scripted problem.
-fn run_steps(opt: &mut Optimizer, params: &[(String, Tensor)], range: std::ops::Range<usize>) {
+/// Steps `range` of the scripted problem, under fp16's GradScaler as the training loop drives
+/// it: gradients arrive multiplied by the scale; the scaler unscales them and gives the
+/// optimizer its own 0-dim `found_inf`, which skips the step on the device.
+fn run_steps(opt: &mut Optimizer, scaler: &mut GradScaler, params: &[(String, Tensor)], range: std::ops::Range<usize>) {
     for k in range {
-        for (_, p) in params {
-            let g = tch::no_grad(|| (p * (k as f64 + 1.0)).sin() + 0.1 * k as f64);
+        let scale = scaler.state().scale;
+        for (name, p) in params {
+            let g = tch::no_grad(|| ((p * (k as f64 + 1.0)).sin() + 0.1 * k as f64) * scale);
+            if k == SKIPPED_STEP && name == "body.weight" {
+                let _ = g.get(0).get(0).fill_(f64::INFINITY);
+            }
             ringtrain::shim::set_grad(p, &g).unwrap();
         }
-        let found_inf = Tensor::from(if k == SKIPPED_STEP { 1.0f32 } else { 0.0 });
+        let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
+        let found_inf = scaler.unscale(&grads, None).unwrap();
+        assert_eq!(found_inf.double_value(&[]), (k == SKIPPED_STEP) as i32 as f64);
         opt.step(LRS[k], Some(&found_inf)).unwrap();
+        scaler.update();
     }
 }
 
@@ -91,23 +103,36 @@ fn optimizers_match_torch_optim_and_survive_a_state_round_trip() {
         // Straight through.
         let params = leaf_params(&init);
         let mut opt = new_optimizer(kind, &params);
-        run_steps(&mut opt, &params, 0..LRS.len());
-        // Interrupted after 3 steps: state saved, a new optimizer loads it and goes on.
+        let mut scaler = GradScaler::new(Device::Cpu, None);
+        run_steps(&mut opt, &mut scaler, &params, 0..LRS.len());
+        // Interrupted after 3 steps: state saved, a new optimizer and scaler load it and go on.
         let params2 = leaf_params(&init);
         let mut first = new_optimizer(kind, &params2);
-        run_steps(&mut first, &params2, 0..3);
+        let mut first_scaler = GradScaler::new(Device::Cpu, None);
+        run_steps(&mut first, &mut first_scaler, &params2, 0..3);
         let saved: HashMap<String, Tensor> = first.state_tensors().into_iter().map(|(k, t)| (k, t.copy())).collect();
         let mut second = new_optimizer(kind, &params2);
         second.load_state(saved).unwrap();
-        run_steps(&mut second, &params2, 3..LRS.len());
+        let mut second_scaler = GradScaler::new(Device::Cpu, None);
+        second_scaler.restore(&first_scaler.state());
+        run_steps(&mut second, &mut second_scaler, &params2, 3..LRS.len());
+        assert_eq!(second_scaler.state(), scaler.state());
         for ((n, a), (_, b)) in params.iter().zip(&params2) {
             assert!(a.equal(b), "{kind}: {n} differs after a state round trip");
         }
 
+        let st = scaler.state();
         let ours: HashMap<String, Tensor> = params
             .iter()
             .map(|(n, t)| (n.clone(), t.detach()))
             .chain(opt.state_tensors())
+            .chain([
+                ("scaler.scale".to_string(), Tensor::from(st.scale as f32)),
+                (
+                    "scaler.growth_tracker".to_string(),
+                    Tensor::from(st.growth_tracker as f32),
+                ),
+            ])
             .collect();
         for (implementation, tol) in [("fused", 0.0), ("forloop", 2e-6)] {
             let out = dir.path().join(format!("{kind}-{implementation}.safetensors"));

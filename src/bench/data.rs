@@ -85,7 +85,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
             let batch = batch?;
             let x = normalize.apply(&batch.images);
             if let Some(s) = step.as_mut() {
-                s.step(&x, &batch.labels.to_device(o.device))?;
+                s.step(&x, &normalize.labels(&batch.labels))?;
             }
             if t0.is_none() {
                 sync(o.device);

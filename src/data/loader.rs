@@ -215,6 +215,24 @@ impl Loader {
     }
 }
 
+/// An uninitialised host tensor, in pinned memory when asked (so its copy to a GPU can be
+/// asynchronous). Where pinning fails (no usable CUDA driver, a locked-memory limit) ordinary
+/// memory works too, only slower: said once per process.
+fn host_tensor(shape: &[i64], kind: Kind, pin: bool) -> Tensor {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if pin {
+        match crate::shim::empty_pinned(shape, kind) {
+            Ok(t) => return t,
+            Err(e) => WARNED.call_once(|| {
+                crate::report::progress::warn(&format!(
+                    "pinned host memory is unavailable ({e:#}); batches are copied to the GPU from ordinary memory, synchronously"
+                ))
+            }),
+        }
+    }
+    Tensor::empty(shape, (kind, Device::Cpu))
+}
+
 /// What building one batch needs.
 struct BatchJob<'a> {
     samples: &'a [(PathBuf, usize)],
@@ -238,11 +256,7 @@ impl BatchJob<'_> {
             Some(h) if h.channels_last => ([n as i64, size, size, 3], Kind::Float),
             Some(_) => ([n as i64, 3, size, size], Kind::Float),
         };
-        let pinned = self
-            .pin_memory
-            .then(|| crate::shim::empty_pinned(&shape, kind).ok())
-            .flatten();
-        let images = pinned.unwrap_or_else(|| Tensor::empty(shape, (kind, Device::Cpu)));
+        let images = host_tensor(&shape, kind, self.pin_memory);
         let results: Vec<Result<()>> = match self.normalize {
             None => {
                 // SAFETY: a fresh contiguous CPU tensor of exactly n * per bytes that nothing
@@ -290,9 +304,11 @@ impl BatchJob<'_> {
             images.index_select(0, &Tensor::from_slice(&kept_rows))
         };
         let labels: Vec<i64> = kept.iter().map(|&i| self.samples[i].1 as i64).collect();
+        let mut pinned_labels = host_tensor(&[labels.len() as i64], Kind::Int64, self.pin_memory);
+        pinned_labels.copy_(&Tensor::from_slice(&labels));
         Ok(Batch {
             images,
-            labels: Tensor::from_slice(&labels),
+            labels: pinned_labels,
             indices: kept,
             skipped,
         })

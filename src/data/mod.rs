@@ -100,6 +100,12 @@ impl Normalizer {
         self.device.is_cuda()
     }
 
+    /// A batch's labels on the device. From the loader's pinned memory the copy is asynchronous,
+    /// like the images': a blocking copy would stall the host until the GPU is idle, every step.
+    pub fn labels(&self, labels: &Tensor) -> Tensor {
+        labels.to_device_(self.device, labels.kind(), self.device.is_cuda(), false)
+    }
+
     /// A batch from the loader → normalised f32 [B,3,H,W] on the device. A f32 batch was
     /// normalised by the workers already (`for_workers`).
     pub fn apply(&self, images: &Tensor) -> Tensor {

@@ -5,18 +5,21 @@
 //! - after backward: gradients are averaged over ranks by bucketed all-reduce. Buckets hold about
 //!   `bucket_mb` MB of gradients, in reverse parameter order (the order backward produces them);
 //!   all buckets are started before the first is waited for. Each parameter's `.grad` is a view
-//!   into its bucket's flat buffer (PyTorch's `gradient_as_bucket_view`), so backward writes
-//!   straight into what is all-reduced: no copies in or out. At world size 1 the average is the
+//!   into its bucket's flat buffer (PyTorch's `gradient_as_bucket_view`) with the parameter's own
+//!   strides (channels_last weights get channels_last gradients), so backward writes straight
+//!   into what is all-reduced: no copies in or out. At world size 1 the average is the
 //!   identity: no buckets, no collective, gradients stay as in a plain run.
 //!
 //! What PyTorch's reducer does and this does not (yet): it launches each bucket's all-reduce from
 //! autograd hooks while backward still runs, overlapping communication with computation. Here the
 //! all-reduces start after backward has finished, so communication time adds to the step.
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::shim::CudaTimer;
 
 use super::process_group::{ProcessGroup, ReduceOp};
 
@@ -30,8 +33,12 @@ pub struct Ddp {
     /// gradients are pre-divided by the world size in fp32, sent in half precision, and
     /// widened back to fp32.
     compress: Option<Kind>,
-    /// Wall time spent in the gradient all-reduce since the last `take_comm_time`.
+    /// Time spent in the gradient all-reduce since the last `take_comm_time`: wall time on the
+    /// CPU; on CUDA the compute stream's time from the first launch to the end of the wait, by
+    /// CUDA events (NCCL's wait does not block the host, so wall time would read about 0).
     comm_time: Cell<Duration>,
+    /// CUDA: timers of steps whose events the stream has not reached yet.
+    pending_timers: RefCell<Vec<CudaTimer>>,
 }
 
 impl Ddp {
@@ -44,8 +51,9 @@ impl Ddp {
             let flat = Tensor::zeros([total], (Kind::Float, params[bucket[0]].device()));
             let mut offset = 0;
             for &i in bucket {
-                let n = params[i].numel() as i64;
-                crate::shim::set_grad(&params[i], &flat.narrow(0, offset, n).view_as(&params[i]))?;
+                let p = &params[i];
+                let n = p.numel() as i64;
+                crate::shim::set_grad(p, &bucket_view(&flat, offset, p))?;
                 offset += n;
             }
             flats.push(flat);
@@ -56,6 +64,7 @@ impl Ddp {
             flats,
             compress,
             comm_time: Cell::new(Duration::ZERO),
+            pending_timers: RefCell::new(Vec::new()),
         })
     }
 
@@ -72,9 +81,25 @@ impl Ddp {
         }
     }
 
-    /// Time spent averaging gradients since the last call.
-    pub fn take_comm_time(&self) -> Duration {
-        self.comm_time.replace(Duration::ZERO)
+    /// Time spent averaging gradients since the last call (on CUDA this waits for the stream to
+    /// reach the last step's end: call it where the host waits anyway, as at an epoch's end).
+    pub fn take_comm_time(&self) -> Result<Duration> {
+        self.collect_timers(true)?;
+        Ok(self.comm_time.replace(Duration::ZERO))
+    }
+
+    /// Adds the CUDA timers the stream has passed (all of them with `wait`) to `comm_time`.
+    fn collect_timers(&self, wait: bool) -> Result<()> {
+        let mut pending = self.pending_timers.borrow_mut();
+        let mut still = Vec::new();
+        for t in pending.drain(..) {
+            match t.elapsed(wait)? {
+                Some(d) => self.comm_time.set(self.comm_time.get() + d),
+                None => still.push(t),
+            }
+        }
+        *pending = still;
+        Ok(())
     }
 
     pub fn world_size(&self) -> usize {
@@ -117,6 +142,10 @@ impl Ddp {
             return Ok(());
         }
         let t0 = Instant::now();
+        let timer = match self.pg.device {
+            Device::Cuda(i) => Some(CudaTimer::start(i)?),
+            _ => None,
+        };
         let inv = 1.0 / self.pg.world_size as f64;
         let result = tch::no_grad(|| {
             let mut pending = Vec::with_capacity(self.flats.len());
@@ -141,7 +170,14 @@ impl Ddp {
             }
             Ok(())
         });
-        self.comm_time.set(self.comm_time.get() + t0.elapsed());
+        match timer {
+            Some(t) => {
+                t.stop()?;
+                self.pending_timers.borrow_mut().push(t);
+                self.collect_timers(false)?; // earlier steps' timers, without waiting
+            }
+            None => self.comm_time.set(self.comm_time.get() + t0.elapsed()),
+        }
         result
     }
 }
@@ -165,6 +201,34 @@ fn assign_buckets(bytes: &[usize], cap: usize) -> Vec<Vec<usize>> {
     buckets
 }
 
+/// The parameter's gradient as a view of `flat` from `offset`, laid out with the parameter's own
+/// strides (`as_strided(p.size(), p.stride())`, as PyTorch's reducer does): a channels_last conv
+/// weight gets a channels_last gradient. Autograd accumulates into `.grad` in place whatever its
+/// layout, but the fused optimizers walk parameter, gradient and state as flat memory and need
+/// one layout for all of them. A parameter that is not dense keeps a contiguous view.
+fn bucket_view(flat: &Tensor, offset: i64, p: &Tensor) -> Tensor {
+    if is_dense(&p.size(), &p.stride()) {
+        flat.as_strided(p.size(), p.stride(), offset)
+    } else {
+        flat.narrow(0, offset, p.numel() as i64).view_as(p)
+    }
+}
+
+/// Whether strides describe a layout without gaps or overlaps (a permutation of a contiguous
+/// one), as `Tensor.is_non_overlapping_and_dense()`: then exactly numel elements are covered.
+fn is_dense(size: &[i64], stride: &[i64]) -> bool {
+    let mut dims: Vec<usize> = (0..size.len()).filter(|&d| size[d] != 1).collect();
+    dims.sort_by_key(|&d| stride[d]);
+    let mut expected = 1;
+    for d in dims {
+        if stride[d] != expected {
+            return false;
+        }
+        expected *= size[d];
+    }
+    true
+}
+
 /// Splits `flat` back into `dst`'s shapes and copies in place.
 fn copy_back(flat: &Tensor, dst: &[Tensor]) {
     let mut offset = 0i64;
@@ -180,6 +244,28 @@ fn copy_back(flat: &Tensor, dst: &[Tensor]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gradient_views_take_the_layout_of_their_parameter() {
+        let flat = Tensor::arange(2 + 2 * 3 * 4 * 5, (Kind::Float, tch::Device::Cpu));
+        let w = crate::shim::to_channels_last(&Tensor::zeros([2, 3, 4, 5], (Kind::Float, tch::Device::Cpu))).unwrap();
+        let g = bucket_view(&flat, 2, &w);
+        assert_eq!(g.size(), w.size());
+        assert_eq!(g.stride(), w.stride(), "channels_last, as the weight");
+        // It covers flat[2..122] exactly, in the weight's memory order.
+        let _ = g.shallow_clone().fill_(-1.0);
+        assert_eq!(flat.lt(0.0).sum(Kind::Int64).int64_value(&[]), 120);
+        assert_eq!(Vec::<f32>::try_from(flat.narrow(0, 0, 2)).unwrap(), vec![0.0, 1.0]);
+
+        assert!(is_dense(&[2, 3, 4, 5], &[60, 20, 5, 1]));
+        assert!(is_dense(&[2, 3, 4, 5], &[60, 1, 15, 3]));
+        assert!(
+            is_dense(&[8, 1, 3, 3], &[9, 1, 3, 1]),
+            "size-1 dims may have any stride"
+        );
+        assert!(!is_dense(&[2, 3], &[6, 1]), "gaps");
+        assert!(!is_dense(&[2, 3], &[0, 1]), "overlap");
+    }
 
     #[test]
     fn buckets_close_once_full_in_reverse_parameter_order() {

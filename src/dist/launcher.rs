@@ -48,6 +48,7 @@ pub fn free_port() -> Result<u16> {
 fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(libc::SIGABRT)) => "was aborted (SIGABRT)".into(),
         (None, Some(s)) => format!("was killed by signal {s}{}", if s == 9 { " (SIGKILL)" } else { "" }),
         _ => "ended".into(),
     }
@@ -195,8 +196,16 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
         .filter(|((r, _), _)| *r != rank)
         .map(|((r, _), s)| format!("rank {r} {}", s.map(describe).unwrap_or_default()))
         .collect();
+    // NCCL's watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, see csrc/dist.cpp) ends a rank with
+    // SIGABRT when a collective fails or outlasts the timeout: say so, it is not a crash.
+    let why = if s.signal() == Some(libc::SIGABRT) {
+        " — under NCCL its watchdog aborts a rank whose collective failed or outlasted --dist-timeout \
+         (a peer died or hung; the ranks' lines above say which), otherwise libtorch stopped on an internal error"
+    } else {
+        ""
+    };
     eprintln!(
-        "error: worker rank {rank} (pid {pid}) {}; stopped the others ({})",
+        "error: worker rank {rank} (pid {pid}) {}{why}; stopped the others ({})",
         describe(s),
         others.join(", ")
     );

@@ -7,6 +7,11 @@ pub mod process_group;
 
 use std::time::Duration;
 
+use anyhow::Result;
+use tch::Device;
+
+use crate::error::user_error;
+
 /// How a worker joins its job, resolved by the CLI.
 #[derive(Debug, Clone)]
 pub struct DistSetup {
@@ -17,4 +22,57 @@ pub struct DistSetup {
     pub grad_compress: Option<tch::Kind>,
     /// BatchNorm over the global batch (`--sync-bn`).
     pub sync_bn: bool,
+}
+
+/// The CUDA device of a worker on `device`'s kind, made the current device before its process
+/// group exists (torch.cuda.set_device(local_rank) in a PyTorch script): the one `--devices`
+/// gave it; else the only visible one, when a scheduler gives each task a GPU of its own (Slurm's
+/// per-task CUDA_VISIBLE_DEVICES, where SLURM_LOCALID may be 1 with one device visible); else
+/// its local rank. A CPU device is returned as it is.
+pub fn worker_device(device: Device, env: &env::DistEnv) -> Result<Device> {
+    if !device.is_cuda() {
+        return Ok(device);
+    }
+    let visible = tch::Cuda::device_count().max(0) as usize;
+    let given = std::env::var(launcher::DEVICE_VAR)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let index = pick_cuda_index(given, env.local_rank, visible)
+        .map_err(|why| user_error(format!("rank {} (local rank {}): {why}", env.rank, env.local_rank)))?;
+    crate::shim::set_cuda_device(index)?;
+    Ok(Device::Cuda(index))
+}
+
+fn pick_cuda_index(given: Option<usize>, local_rank: usize, visible: usize) -> std::result::Result<usize, String> {
+    let index = match given {
+        Some(i) => i,
+        None if visible == 1 => 0,
+        None => local_rank,
+    };
+    if index >= visible {
+        return Err(format!(
+            "needs CUDA device {index}, but {visible} are visible (CUDA_VISIBLE_DEVICES={}); give each rank a device with --devices, or run fewer ranks per node",
+            std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
+        ));
+    }
+    Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rank_finds_its_cuda_device() {
+        // 4 GPUs, one rank each.
+        assert_eq!(pick_cuda_index(None, 3, 4), Ok(3));
+        // --devices 2,3: local rank 0 gets device 2.
+        assert_eq!(pick_cuda_index(Some(2), 0, 4), Ok(2));
+        // Slurm, one GPU per task: local rank 1 sees its own GPU as device 0.
+        assert_eq!(pick_cuda_index(None, 1, 1), Ok(0));
+        // More ranks than GPUs.
+        let e = pick_cuda_index(None, 2, 2).unwrap_err();
+        assert!(e.contains("needs CUDA device 2, but 2 are visible"), "{e}");
+        assert!(pick_cuda_index(Some(5), 0, 4).is_err());
+    }
 }

@@ -1,11 +1,18 @@
 //! A safe handle on a c10d process group (see csrc/dist.cpp): rendezvous through PyTorch's
-//! TCPStore, then Gloo (CPU tensors, or CUDA tensors staged through the host) or NCCL (CUDA).
+//! TCPStore, then NCCL for a CUDA run, Gloo for a CPU run.
+//!
+//! Every collective runs on the group's `device`, the training device: NCCL refuses host
+//! tensors ("Tensors must be CUDA and dense"), and Gloo on the CPU is held to the same rule so
+//! that one code path serves both. Tensors given to a collective are checked, in every build;
+//! values that live on the host (counts, sums, predictions) go through `all_reduce_values` and
+//! `all_gather_values`, which put them on the device themselves, so no caller builds a
+//! collective's tensor on the host.
 use std::ffi::CString;
 use std::os::raw::{c_char, c_int};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 #[repr(C)]
 struct RtPg {
@@ -25,6 +32,7 @@ extern "C" {
         rank: c_int,
         world: c_int,
         timeout_ms: i64,
+        cuda_device: c_int,
     ) -> *mut RtPg;
     fn rt_pg_free(pg: *mut RtPg);
     fn rt_pg_allreduce(pg: *mut RtPg, t: *mut torch_sys::C_tensor, op: c_int) -> *mut RtWork;
@@ -41,6 +49,16 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// NCCL for CUDA tensors when this build has it, Gloo otherwise (CPU, or a CUDA build
+    /// without NCCL, where Gloo stages CUDA tensors through the host).
+    pub fn for_device(device: Device) -> Backend {
+        if device.is_cuda() && nccl_available() {
+            Backend::Nccl
+        } else {
+            Backend::Gloo
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Backend::Gloo => "gloo",
@@ -91,14 +109,18 @@ pub struct ProcessGroup {
     pub rank: usize,
     pub world_size: usize,
     pub backend: Backend,
+    /// Where every collective's tensors must live: the training device.
+    pub device: Device,
 }
 
 // The handle is used from the training thread only; c10d's objects are thread-safe anyway.
 unsafe impl Send for ProcessGroup {}
 
 impl ProcessGroup {
-    /// Rendezvous at master_addr:port (rank 0 hosts the store) and create the group. Fails with
-    /// c10d's message when the port is taken or the master does not answer within `timeout`.
+    /// Rendezvous at master_addr:port (rank 0 hosts the store) and create the group, whose
+    /// collectives run on `device` (for NCCL a CUDA device, which must be the current one:
+    /// `dist::worker_device` makes it so). Fails with c10d's message when the port is taken or
+    /// the master does not answer within `timeout`.
     pub fn new(
         backend: Backend,
         master_addr: &str,
@@ -106,7 +128,13 @@ impl ProcessGroup {
         rank: usize,
         world_size: usize,
         timeout: Duration,
+        device: Device,
     ) -> Result<Self> {
+        let cuda_index = match (backend, device) {
+            (Backend::Nccl, Device::Cuda(i)) => i as c_int,
+            (Backend::Nccl, d) => bail!("the NCCL backend needs a CUDA device, not {d:?}"),
+            (Backend::Gloo, _) => -1,
+        };
         let (b, m) = (CString::new(backend.name())?, CString::new(master_addr)?);
         let pg = unsafe {
             rt_pg_new(
@@ -116,6 +144,7 @@ impl ProcessGroup {
                 rank as c_int,
                 world_size as c_int,
                 timeout.as_millis() as i64,
+                cuda_index,
             )
         };
         if pg.is_null() {
@@ -130,7 +159,22 @@ impl ProcessGroup {
             rank,
             world_size,
             backend,
+            device,
         })
+    }
+
+    /// A collective's tensor must be on the group's device: a host tensor under NCCL would fail
+    /// only on a GPU, and a copy made here would leave an in-place result behind.
+    fn check(&self, t: &Tensor, what: &str) -> Result<()> {
+        if t.device() != self.device {
+            bail!(
+                "{what}: a tensor on {:?} given to a {} group whose collectives run on {:?} (a bug: build it on the training device)",
+                t.device(),
+                self.backend.name(),
+                self.device
+            );
+        }
+        Ok(())
     }
 
     /// The shim's handle, for the shim's other users (SyncBatchNorm).
@@ -146,6 +190,7 @@ impl ProcessGroup {
     }
 
     pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.check(t, "all-reduce")?;
         let op = match op {
             ReduceOp::Sum => 0,
             ReduceOp::Max => 1,
@@ -159,6 +204,7 @@ impl ProcessGroup {
     }
 
     pub fn broadcast_async(&self, t: &Tensor, root: usize) -> Result<Work> {
+        self.check(t, "broadcast")?;
         self.started(unsafe { rt_pg_broadcast(self.pg, ptr(t), root as c_int) }, "broadcast")
     }
 
@@ -168,8 +214,39 @@ impl ProcessGroup {
 
     /// `out[r]` receives rank r's `input`; `out` has shape [world_size, *input.shape].
     pub fn all_gather(&self, out: &Tensor, input: &Tensor) -> Result<()> {
+        self.check(out, "all-gather")?;
+        self.check(input, "all-gather")?;
         self.started(unsafe { rt_pg_allgather(self.pg, ptr(out), ptr(input)) }, "all-gather")?
             .wait()
+    }
+
+    /// Host values reduced element-wise over ranks (on the group's device, then read back).
+    pub fn all_reduce_values(&self, values: &[f64], op: ReduceOp) -> Result<Vec<f64>> {
+        let t = Tensor::from_slice(values).f_to_device(self.device)?;
+        self.all_reduce(&t, op)?;
+        Ok(Vec::<f64>::try_from(&t.to_device(Device::Cpu))?)
+    }
+
+    /// Every rank's `values` (of any length, each ≥ 0), in rank order.
+    pub fn all_gather_values(&self, values: &[i64]) -> Result<Vec<Vec<i64>>> {
+        if values.iter().any(|&v| v < 0) {
+            bail!("all_gather_values: negative values are reserved for padding");
+        }
+        let lens = self.all_reduce_values(&[values.len() as f64], ReduceOp::Max)?;
+        let max = lens[0] as i64;
+        if max == 0 {
+            return Ok(vec![Vec::new(); self.world_size]);
+        }
+        let mut padded = values.to_vec();
+        padded.resize(max as usize, -1);
+        let input = Tensor::from_slice(&padded).f_to_device(self.device)?;
+        let out = Tensor::zeros([self.world_size as i64, max], (Kind::Int64, self.device));
+        self.all_gather(&out, &input)?;
+        let out = Vec::<i64>::try_from(out.to_device(Device::Cpu).flatten(0, -1))?;
+        Ok(out
+            .chunks(max as usize)
+            .map(|rank| rank.iter().copied().filter(|&v| v >= 0).collect())
+            .collect())
     }
 
     pub fn barrier(&self) -> Result<()> {
@@ -180,5 +257,59 @@ impl ProcessGroup {
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         unsafe { rt_pg_free(self.pg) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(backend: Backend, device: Device) -> Result<ProcessGroup> {
+        let port = crate::dist::launcher::free_port()?;
+        ProcessGroup::new(backend, "127.0.0.1", port, 0, 1, Duration::from_secs(30), device)
+    }
+
+    #[test]
+    fn host_values_travel_through_the_group_device() {
+        let pg = group(Backend::Gloo, Device::Cpu).unwrap();
+        assert_eq!(
+            pg.all_reduce_values(&[1.5, -2.0], ReduceOp::Sum).unwrap(),
+            vec![1.5, -2.0]
+        );
+        assert_eq!(pg.all_gather_values(&[3, 0, 7]).unwrap(), vec![vec![3, 0, 7]]);
+        assert_eq!(pg.all_gather_values(&[]).unwrap(), vec![Vec::<i64>::new()]);
+        assert!(pg.all_gather_values(&[-1]).is_err());
+    }
+
+    /// What a CUDA run's group does with a host tensor, shown with Gloo on this machine: the
+    /// group of a CUDA run refuses it, in every build, before c10d sees it (NCCL would refuse it
+    /// only on a GPU, with "Tensors must be CUDA and dense"); host values are put on the
+    /// device, never sent from the host.
+    #[test]
+    fn a_group_refuses_tensors_that_are_not_on_its_device() {
+        let pg = group(Backend::Gloo, Device::Cuda(0)).unwrap();
+        let host = Tensor::from_slice(&[1.0f64]);
+        let err = pg.all_reduce(&host, ReduceOp::Sum).unwrap_err().to_string();
+        assert!(
+            err.contains("all-reduce: a tensor on Cpu given to a gloo group whose collectives run on Cuda(0)"),
+            "{err}"
+        );
+        assert!(pg
+            .broadcast(&host, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("broadcast: a tensor on Cpu"));
+        let out = Tensor::zeros([1, 1], (Kind::Double, Device::Cpu));
+        assert!(pg
+            .all_gather(&out, &host)
+            .unwrap_err()
+            .to_string()
+            .contains("all-gather: a tensor on Cpu"));
+        if !tch::Cuda::is_available() {
+            // Placing the values on a missing GPU fails; they are not reduced from the host.
+            assert!(pg.all_reduce_values(&[1.0], ReduceOp::Sum).is_err());
+        }
+        let err = group(Backend::Nccl, Device::Cpu).err().unwrap().to_string();
+        assert!(err.contains("the NCCL backend needs a CUDA device"), "{err}");
     }
 }

@@ -22,6 +22,11 @@ macro_rules! say {
     ($($arg:tt)*) => { if !$crate::report::progress::quiet() { println!($($arg)*) } };
 }
 
+/// A warning line on stderr (shown under --quiet too).
+pub fn warn(message: &str) {
+    eprintln!("warning: {message}");
+}
+
 /// The one wording of the unreadable-image warning, wherever a file is skipped.
 pub fn warn_unreadable(path: &std::path::Path, reason: &str) {
     eprintln!("warning: skipped unreadable image {}: {reason}", path.display());

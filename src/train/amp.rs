@@ -24,6 +24,9 @@ pub struct ScalerState {
     pub dynamic: bool,
 }
 
+/// Its tensors are 0-dim on the training device, as `torch.amp.GradScaler`'s (`torch.full((), ..)`):
+/// `found_inf` goes straight into the fused optimizers, whose 0-dim step counters take the
+/// skipped step back with it.
 pub struct GradScaler {
     scale: Tensor,
     growth_tracker: Tensor,
@@ -36,9 +39,9 @@ impl GradScaler {
     pub fn new(device: Device, static_scale: Option<f64>) -> Self {
         let opts = (Kind::Float, device);
         GradScaler {
-            scale: Tensor::full([1], static_scale.unwrap_or(INIT_SCALE), opts),
-            growth_tracker: Tensor::zeros([1], (Kind::Int, device)),
-            found_inf: Tensor::zeros([1], opts),
+            scale: Tensor::full([], static_scale.unwrap_or(INIT_SCALE), opts),
+            growth_tracker: Tensor::zeros([], (Kind::Int, device)),
+            found_inf: Tensor::zeros([], opts),
             dynamic: static_scale.is_none(),
         }
     }
@@ -47,7 +50,7 @@ impl GradScaler {
         loss * self.scale.to_kind(loss.kind())
     }
 
-    /// Unscales the gradients in place and returns `found_inf`: a 1-element device tensor that
+    /// Unscales the gradients in place and returns `found_inf`: a 0-dim device tensor that
     /// holds 1 if any gradient is inf/NaN on any rank. The optimizer skips the step on the
     /// device when it does, so nothing is read back to the host.
     pub fn unscale(&mut self, grads: &[Tensor], pg: Option<&ProcessGroup>) -> Result<Tensor> {
@@ -83,8 +86,8 @@ impl GradScaler {
 
     pub fn state(&self) -> ScalerState {
         ScalerState {
-            scale: self.scale.double_value(&[0]),
-            growth_tracker: self.growth_tracker.int64_value(&[0]),
+            scale: self.scale.double_value(&[]),
+            growth_tracker: self.growth_tracker.int64_value(&[]),
             dynamic: self.dynamic,
         }
     }
@@ -108,7 +111,9 @@ mod tests {
     use super::*;
 
     fn skips(s: &mut GradScaler, g: &[Tensor]) -> bool {
-        s.unscale(g, None).unwrap().double_value(&[0]) > 0.0
+        let found_inf = s.unscale(g, None).unwrap();
+        assert_eq!(found_inf.size(), Vec::<i64>::new(), "0-dim, as torch.amp.GradScaler's");
+        found_inf.double_value(&[]) > 0.0
     }
 
     fn grads(values: &[f32]) -> Vec<Tensor> {

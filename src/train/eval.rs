@@ -22,15 +22,16 @@ pub struct EvalResult {
 }
 
 /// Evaluates this process's shard of `loader`; with a process group, the sums and every
-/// prediction are combined over ranks, so each sample counts exactly once.
+/// prediction are combined over ranks, so each sample counts exactly once. Sums and predictions
+/// stay on the device until the end: no host synchronisation per batch.
 pub fn evaluate(
     model: &Model,
     loader: &Loader,
     normalize: &Normalizer,
     pg: Option<&ProcessGroup>,
 ) -> Result<EvalResult> {
-    let mut loss_sum = 0.0;
-    let mut top5 = 0i64;
+    let mut loss_sum: Option<Tensor> = None;
+    let mut top5_sum: Option<Tensor> = None;
     let (mut targets, mut preds, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
     tch::no_grad(|| -> Result<()> {
         for batch in loader.epoch(0) {
@@ -40,30 +41,32 @@ pub fn evaluate(
                 continue;
             }
             let x = normalize.apply(&batch.images);
-            let y = batch.labels.to_device(x.device());
+            let y = normalize.labels(&batch.labels);
             let logits = model.forward(&x, false).to_kind(Kind::Float);
-            loss_sum += logits
+            let loss = logits
                 .cross_entropy_loss::<Tensor>(&y, None, Reduction::Sum, -100, 0.0)
-                .double_value(&[]);
+                .to_kind(Kind::Double);
             let k = logits.size()[1].min(5);
             let (_, topk) = logits.topk(k, 1, true, true);
-            top5 += topk
-                .eq_tensor(&y.unsqueeze(1))
-                .any_dim(1, false)
-                .sum(Kind::Int64)
-                .int64_value(&[]);
-            preds.extend(Vec::<i64>::try_from(topk.select(1, 0).to_device(Device::Cpu))?);
+            let hits = topk.eq_tensor(&y.unsqueeze(1)).any_dim(1, false).sum(Kind::Int64);
+            loss_sum = Some(loss_sum.take().map_or(loss.shallow_clone(), |s| s + &loss));
+            top5_sum = Some(top5_sum.take().map_or(hits.shallow_clone(), |s| s + &hits));
+            preds.push(topk.select(1, 0));
             targets.extend(Vec::<i64>::try_from(&batch.labels)?);
         }
         Ok(())
     })?;
+    let host = |t: Option<Tensor>| t.map_or(0.0, |t| t.double_value(&[]));
+    let (mut loss_sum, mut top5) = (host(loss_sum), host(top5_sum) as i64);
+    let mut preds: Vec<i64> = match preds.is_empty() {
+        true => Vec::new(),
+        false => Vec::<i64>::try_from(Tensor::cat(&preds, 0).to_device(Device::Cpu))?,
+    };
     if let Some(pg) = pg {
-        let sums = Tensor::from_slice(&[loss_sum, top5 as f64]);
-        pg.all_reduce(&sums, ReduceOp::Sum)?;
-        let v = Vec::<f64>::try_from(&sums)?;
+        let v = pg.all_reduce_values(&[loss_sum, top5 as f64], ReduceOp::Sum)?;
         (loss_sum, top5) = (v[0], v[1] as i64);
-        targets = gather_i64(pg, &targets)?;
-        preds = gather_i64(pg, &preds)?;
+        targets = pg.all_gather_values(&targets)?.concat();
+        preds = pg.all_gather_values(&preds)?.concat();
     }
     let n = targets.len().max(1) as f64;
     let correct = targets.iter().zip(&preds).filter(|(t, p)| t == p).count();
@@ -75,23 +78,4 @@ pub fn evaluate(
         preds,
         skipped,
     })
-}
-
-/// Every rank's values, concatenated in rank order (shards may differ in length).
-fn gather_i64(pg: &ProcessGroup, values: &[i64]) -> Result<Vec<i64>> {
-    let len = Tensor::from_slice(&[values.len() as i64]);
-    pg.all_reduce(&len, ReduceOp::Max)?;
-    let max = len.int64_value(&[0]);
-    let padded = Tensor::full([max], -1i64, (Kind::Int64, Device::Cpu));
-    if !values.is_empty() {
-        padded
-            .narrow(0, 0, values.len() as i64)
-            .copy_(&Tensor::from_slice(values));
-    }
-    let out = Tensor::zeros([pg.world_size as i64, max], (Kind::Int64, Device::Cpu));
-    pg.all_gather(&out, &padded)?;
-    Ok(Vec::<i64>::try_from(out.flatten(0, -1))?
-        .into_iter()
-        .filter(|&v| v >= 0)
-        .collect())
 }

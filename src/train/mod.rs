@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Kind, Reduction, Tensor};
 
 use crate::atomic;
 use crate::config::{resolve_device, Metric, SchedKind, TrainConfig};
@@ -23,8 +23,7 @@ use crate::data::mixup::{mix_rng, soft_target_cross_entropy, Mixup};
 use crate::data::transform::Transform;
 use crate::data::Normalizer;
 use crate::dist::ddp::Ddp;
-use crate::dist::launcher::DEVICE_VAR;
-use crate::dist::process_group::{nccl_available, Backend, ProcessGroup, ReduceOp};
+use crate::dist::process_group::{Backend, ProcessGroup, ReduceOp};
 use crate::dist::DistSetup;
 use crate::error::user_error;
 use crate::model::Model;
@@ -119,19 +118,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let (rank, world, local_world) = dist
         .map(|d| (d.env.rank, d.env.world_size, d.env.local_world_size))
         .unwrap_or((0, 1, 1));
-    if let (Device::Cuda(_), Some(d)) = (device, dist) {
-        // Each worker pins itself to GPU local_rank, or to the one `--devices` gave it.
-        let idx = std::env::var(DEVICE_VAR)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d.env.local_rank);
-        if idx as i64 >= tch::Cuda::device_count() {
-            return Err(user_error(format!(
-                "rank {rank} needs CUDA device {idx}, but {} are visible",
-                tch::Cuda::device_count()
-            )));
-        }
-        device = Device::Cuda(idx);
+    if let Some(d) = dist {
+        device = crate::dist::worker_device(device, &d.env)?;
     }
     let is_main = rank == 0;
     if !is_main {
@@ -409,12 +397,16 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     // ---- data parallelism: rendezvous, then every replica starts from rank 0's state
     let ddp = match dist {
         Some(d) => {
-            let backend = if device.is_cuda() && nccl_available() {
-                Backend::Nccl
-            } else {
-                Backend::Gloo
-            };
-            let pg = ProcessGroup::new(backend, &d.env.master_addr, d.env.master_port, rank, world, d.timeout)?;
+            let backend = Backend::for_device(device);
+            let pg = ProcessGroup::new(
+                backend,
+                &d.env.master_addr,
+                d.env.master_port,
+                rank,
+                world,
+                d.timeout,
+                device,
+            )?;
             let ddp = Ddp::new(pg, &params, d.bucket_mb, d.grad_compress)?;
             ddp.broadcast_state(&model.vs)?;
             say!(
@@ -487,7 +479,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             warn_once(&mut warned, &batch.skipped);
             let batch = refill(batch, batch_len(&train_loader, micro, rank_batch))?;
             let mut x = normalize.apply(&batch.images);
-            let y = batch.labels.to_device(device);
+            let y = normalize.labels(&batch.labels);
             // Randomness inside the step (dropout) depends on the position alone: a resumed
             // run repeats it.
             tch::manual_seed(step_seed(cfg.seed, epoch, micro));
@@ -589,22 +581,21 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             progress.update(steps_done, seen * world, loss_now, lr);
 
             // ---- a stop request or a periodic save: checkpoint the position inside the epoch
-            let signal = agreed_signal(&stop, pg, device, world == 1 || run.global_step % 10 == 0)?;
+            let signal = agreed_signal(&stop, pg, world == 1 || run.global_step % 10 == 0)?;
             let periodic =
                 cfg.save_every_steps.is_some_and(|n| run.global_step % n == 0) && steps_done < steps_per_epoch;
             if signal.is_some() || periodic {
                 guard.check(pg, &last_good())?;
-                let sums = Tensor::from_slice(&[
-                    loss_sum.double_value(&[]),
-                    correct.double_value(&[]),
-                    seen as f64,
-                    skipped_t.double_value(&[]),
-                    unreadable as f64,
-                ]);
-                if let Some(pg) = pg {
-                    pg.all_reduce(&sums, ReduceOp::Sum)?;
-                }
-                let v = Vec::<f64>::try_from(&sums)?;
+                let v = sum_over_ranks(
+                    pg,
+                    &[
+                        loss_sum.double_value(&[]),
+                        correct.double_value(&[]),
+                        seen as f64,
+                        skipped_t.double_value(&[]),
+                        unreadable as f64,
+                    ],
+                )?;
                 let pos = EpochPosition {
                     steps: steps_done,
                     loss_sum: v[0],
@@ -633,18 +624,20 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         }
         guard.check(pg, &last_good())?;
         let train_secs = resumed_pos.seconds + t0.elapsed().as_secs_f64();
-        let comm_share = ddp.as_ref().map(|d| d.take_comm_time().as_secs_f64() / train_secs);
+        let comm_share = match &ddp {
+            Some(d) => Some(d.take_comm_time()?.as_secs_f64() / train_secs),
+            None => None,
+        };
         // Epoch statistics over all ranks (padding repeats count as seen, as in DDP).
-        let totals = Tensor::from_slice(&[
-            loss_sum.double_value(&[]),
-            correct.double_value(&[]),
-            seen as f64,
-            skipped_t.double_value(&[]),
-        ]);
-        if let Some(pg) = pg {
-            pg.all_reduce(&totals, ReduceOp::Sum)?;
-        }
-        let t = Vec::<f64>::try_from(&totals)?;
+        let t = sum_over_ranks(
+            pg,
+            &[
+                loss_sum.double_value(&[]),
+                correct.double_value(&[]),
+                seen as f64,
+                skipped_t.double_value(&[]),
+            ],
+        )?;
         let n = t[2].max(1.0);
         let (train_loss, train_top1) = (t[0] / n, t[1] / n);
         let (seen_all, skipped_steps) = (t[2] as usize, t[3].round() as usize);
@@ -759,7 +752,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             best_epoch
         );
         // A signal that came during validation: the epoch's checkpoint is saved, stop here.
-        if let Some(sig) = agreed_signal(&stop, pg, device, true)? {
+        if let Some(sig) = agreed_signal(&stop, pg, true)? {
             stopped_by = Some(sig);
             break;
         }
@@ -945,21 +938,28 @@ fn keep_epoch_checkpoint(run_dir: &Path, epoch: usize, keep: usize) -> Result<()
     Ok(())
 }
 
+/// Host values summed over ranks (themselves when alone).
+fn sum_over_ranks(pg: Option<&ProcessGroup>, values: &[f64]) -> Result<Vec<f64>> {
+    match pg {
+        Some(pg) => pg.all_reduce_values(values, ReduceOp::Sum),
+        None => Ok(values.to_vec()),
+    }
+}
+
 /// The signal a stop was requested with, agreed by all ranks (any rank's request stops all, at
 /// the same step). Under DDP the agreement costs a collective, so callers ask only when `due`
 /// (every 10th step, and at epoch ends); alone it is free and always checked.
-fn agreed_signal(stop: &StopRequest, pg: Option<&ProcessGroup>, device: Device, due: bool) -> Result<Option<i32>> {
+fn agreed_signal(stop: &StopRequest, pg: Option<&ProcessGroup>, due: bool) -> Result<Option<i32>> {
     let Some(pg) = pg.filter(|p| p.world_size > 1) else {
         return Ok(stop.signal());
     };
     if !due {
         return Ok(None);
     }
-    let t = Tensor::from(stop.signal().unwrap_or(0) as i64).to_device(device);
-    pg.all_reduce(&t, ReduceOp::Max)?;
-    Ok(match t.int64_value(&[]) {
+    let agreed = pg.all_reduce_values(&[stop.signal().unwrap_or(0) as f64], ReduceOp::Max)?;
+    Ok(match agreed[0] as i32 {
         0 => None,
-        s => Some(s as i32),
+        s => Some(s),
     })
 }
 

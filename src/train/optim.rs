@@ -279,7 +279,9 @@ pub fn clip_grad_norm<'a>(params: impl IntoIterator<Item = &'a Tensor>, max_norm
     }
     let norms: Vec<Tensor> = grads.iter().map(|g| g.norm().unsqueeze(0)).collect();
     let total = Tensor::cat(&norms, 0).norm();
-    let coef = (Tensor::from(max_norm).to_device(total.device()) / (&total + 1e-6)).clamp_max(1.0);
+    // `max_norm / (total + 1e-6)` as PyTorch evaluates it (Tensor.__rtruediv__ is reciprocal,
+    // then multiply), all on the device: no host copy, so no synchronisation.
+    let coef = ((&total + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
     tch::no_grad(|| {
         for g in &grads {
             let _ = g.shallow_clone().g_mul_(&coef.to_kind(g.kind()));

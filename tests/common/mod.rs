@@ -16,8 +16,16 @@ pub fn run_python(args: &[&str]) -> String {
 /// Runs `tests/py/<script>` with `args` and returns its standard output.
 pub fn run_python_script(script: &str, args: &[&str]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py").join(script);
+    python_output(&[&[script.to_str().unwrap()], args].concat())
+}
+
+/// Runs `python -c CODE` and returns its standard output.
+pub fn run_python_code(code: &str) -> String {
+    python_output(&["-c", code])
+}
+
+fn python_output(args: &[&str]) -> String {
     let out = Command::new(python())
-        .arg(script)
         .args(args)
         .output()
         .expect("running the reference Python");

@@ -169,7 +169,7 @@ def grad_scaler(steps, bad):
 
 # The scripted optimizer problem shared with tests/optim.rs.
 OPT_LRS = [0.1, 0.08, 0.05, 0.05, 0.02, 0.01]
-OPT_SKIPPED_STEP = 3  # found_inf = 1: the step must change nothing
+OPT_SKIPPED_STEP = 3  # a gradient holds inf: GradScaler skips the step and backs off
 OPT_HEAD_MULT = 10.0
 
 
@@ -179,9 +179,13 @@ def opt_grad(p, k):
 
 def optimizer(inp, out, kind, impl):
     """Runs torch.optim.{SGD, Adam, AdamW} (kind: sgd, sgd_nesterov, sgd_plain, adam, adamw) with
-    impl "fused" or "forloop" on the parameters in IN: groups body (decay), bn.* (no decay),
-    fc.* (head, 10x lr); gradient sin(p * (k + 1)) + 0.1 k at step k; the step OPT_SKIPPED_STEP
-    gets found_inf = 1 as GradScaler passes it. Writes final parameters and state to OUT."""
+    impl "fused" or "forloop" under torch.amp.GradScaler("cpu") (its defaults: scale 65536,
+    dynamic) on the parameters in IN: groups body (decay), bn.* (no decay), fc.* (head, 10x lr);
+    gradient (sin(p * (k + 1)) + 0.1 k) * scale at step k, from backward of a scaled loss;
+    at step OPT_SKIPPED_STEP body.weight's first gradient is inf. scaler.step / scaler.update as
+    a training loop calls them: a fused optimizer gets found_inf and grad_scale, a for-loop one is
+    unscaled and skipped. Writes final parameters, optimizer state and the scaler's scale and
+    growth tracker to OUT."""
     from safetensors.torch import load_file
     init = load_file(inp)
     ps = {k: torch.nn.Parameter(v.clone()) for k, v in init.items()}
@@ -199,25 +203,25 @@ def optimizer(inp, out, kind, impl):
         opt = torch.optim.Adam(groups, lr=0.1, **flags)
     else:
         opt = torch.optim.AdamW(groups, lr=0.1, **flags)
+    scaler = torch.amp.GradScaler("cpu")
     for k, lr in enumerate(OPT_LRS):
         for g in opt.param_groups:
             g["lr"] = lr * g["mult"]
-        for p in ps.values():
-            p.grad = opt_grad(p.detach(), k)
+        # A loss whose gradient is opt_grad, scaled and backpropagated as in a training loop.
+        loss = sum((p * opt_grad(p.detach(), k)).sum() for p in ps.values())
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
         if k == OPT_SKIPPED_STEP:
-            if impl != "fused":
-                continue  # what GradScaler does for optimizers without found_inf support
-            opt.found_inf = torch.ones(())
-            opt.grad_scale = None
-            opt.step()
-            del opt.found_inf, opt.grad_scale
-        else:
-            opt.step()
+            ps["body.weight"].grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
     result = {k: v.detach().contiguous() for k, v in ps.items()}
     for name, p in ps.items():
         for key, v in opt.state[p].items():
             if torch.is_tensor(v):
                 result[f"{name}.{key}"] = v.detach().float().contiguous().reshape(v.shape)
+    result["scaler.scale"] = scaler._scale.detach().float().reshape(())
+    result["scaler.growth_tracker"] = scaler._growth_tracker.detach().float().reshape(())
     save_file(result, out)
 
 
