@@ -38,12 +38,8 @@ fn main() {
             std::process::exit(1);
         }
     };
-    // What --version reports.
+    // What --version reports (NCCL it learns from the shim itself).
     println!("cargo:rustc-env=RINGTRAIN_BUILT_CUDA={}", plan.cuda as u8);
-    println!(
-        "cargo:rustc-env=RINGTRAIN_BUILT_NCCL={}",
-        plan.nccl_includes.is_some() as u8
-    );
 
     let mut build = cc::Build::new();
     build
@@ -80,27 +76,22 @@ fn main() {
     // The final link otherwise keeps only torch_cpu and c10, and CUDA would be silently absent.
     // --no-as-needed keeps the CUDA libraries as dependencies; they load (and find no GPU) on
     // CPU-only machines too. RUNPATH (new dtags) lets LD_LIBRARY_PATH point at another libtorch.
-    // A CPU-only libtorch has no CUDA libraries to link.
-    let cuda_libs: &[&str] = if plan.cuda {
-        &["-ltorch_cuda", "-lc10_cuda"]
-    } else {
-        &[]
-    };
-    let args = [format!("-L{lib}"), "-Wl,--no-as-needed".to_string()]
-        .into_iter()
-        .chain(cuda_libs.iter().map(|s| s.to_string()))
-        .chain(
-            [
-                "-ltorch_cpu",
-                "-lc10",
-                "-ltorch",
-                "-Wl,--as-needed",
-                "-Wl,--enable-new-dtags",
-            ]
-            .iter()
-            .map(|s| s.to_string()),
-        )
-        .chain([format!("-Wl,-rpath,{lib}")]);
+    let mut args = vec![format!("-L{lib}"), "-Wl,--no-as-needed".to_string()];
+    if plan.cuda {
+        // A CPU-only libtorch has no CUDA libraries to link.
+        args.extend(["-ltorch_cuda", "-lc10_cuda"].map(String::from));
+    }
+    args.extend(
+        [
+            "-ltorch_cpu",
+            "-lc10",
+            "-ltorch",
+            "-Wl,--as-needed",
+            "-Wl,--enable-new-dtags",
+        ]
+        .map(String::from),
+    );
+    args.push(format!("-Wl,-rpath,{lib}"));
     for arg in args {
         // All linked targets: the binary, integration tests and the library's unit tests.
         println!("cargo:rustc-link-arg={arg}");

@@ -13,14 +13,20 @@ pub struct CudaBuild {
     pub nccl_includes: Option<[PathBuf; 2]>,
 }
 
-/// The headers that must exist for the NCCL part of the shim, under the Python environment's
-/// `nvidia/` directory (the CUDA ones completed by the cuda-toolkit[cccl,crt] wheel).
-pub fn nccl_headers(lib: &Path) -> Vec<PathBuf> {
+/// The CUDA and NCCL include directories of the Python environment whose torch/lib is `lib`.
+fn include_dirs(lib: &Path) -> [PathBuf; 2] {
     let nvidia = lib.join("../../nvidia");
+    [nvidia.join("cu13/include"), nvidia.join("nccl/include")]
+}
+
+/// The headers that must exist for the NCCL part of the shim (the CUDA ones completed by the
+/// cuda-toolkit[cccl,crt] wheel).
+pub fn nccl_headers(lib: &Path) -> Vec<PathBuf> {
+    let [cuda, nccl] = include_dirs(lib);
     vec![
-        nvidia.join("cu13/include/nv/target"),
-        nvidia.join("cu13/include/crt/host_config.h"),
-        nvidia.join("nccl/include/nccl.h"),
+        cuda.join("nv/target"),
+        cuda.join("crt/host_config.h"),
+        nccl.join("nccl.h"),
     ]
 }
 
@@ -50,9 +56,8 @@ pub fn decide(lib: &Path, no_nccl: bool) -> Result<CudaBuild, String> {
             missing.join(", ")
         ));
     }
-    let nvidia = lib.join("../../nvidia");
     Ok(CudaBuild {
         cuda,
-        nccl_includes: Some([nvidia.join("cu13/include"), nvidia.join("nccl/include")]),
+        nccl_includes: Some(include_dirs(lib)),
     })
 }

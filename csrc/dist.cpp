@@ -13,7 +13,7 @@
 //    authentication; the docs say to keep it on a private network.
 //  - Gloo needs a network device to bind: GLOO_SOCKET_IFNAME if set (as in PyTorch), loopback when
 //    the master is local, otherwise the address this host's name resolves to.
-//  - NCCL: the group is bound to the rank's CUDA device (made current first, then
+//  - NCCL: the group is bound to the rank's CUDA device (the current one, set by the caller;
 //    setBoundDeviceId + an eager connect, as init_process_group(device_id=...) does), so
 //    barriers and the communicator use that device, not one guessed from the rank.
 //    TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (TearDown) unless the user set it: when a collective
@@ -26,7 +26,6 @@
 #include "error.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -137,8 +136,8 @@ rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int ran
     } else if (name == "nccl") {
 #ifdef RT_WITH_NCCL
       TORCH_CHECK(cuda_device >= 0, "the NCCL backend needs the rank's CUDA device");
+      // Already the current device (dist::worker_device, for Gloo over CUDA as well).
       const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device));
-      c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
       setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;

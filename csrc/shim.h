@@ -72,7 +72,8 @@ int64_t rt_cudnn_version(void);
 // a device and dtype. grad_scale (optional): gradients are divided by it inside the kernel.
 // found_inf (optional, 0-dim as torch.amp.GradScaler's; a 1-element one is read as that
 // scalar): when it holds 1 the whole step is skipped on the device, with no host
-// synchronisation. Parameters, gradients and state must share one layout (strides): checked. bufs is null when momentum is 0; first_step copies the
+// synchronisation. Parameters, gradients and state must share one layout (strides): checked.
+// bufs is null when momentum is 0; first_step copies the
 // gradient into the buffers (torch's first-step rule). Adam's step counters are float32
 // scalars; decoupled != 0 selects AdamW.
 int rt_fused_sgd(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, double weight_decay,
@@ -87,7 +88,7 @@ typedef struct rt_pg rt_pg;
 typedef struct rt_work rt_work;
 int rt_nccl_available(void);
 // backend: "gloo" or "nccl". Rank 0 hosts the store on master_addr:port. Null on failure.
-// cuda_device: the rank's CUDA device for NCCL (made current and bound to the group), -1 for Gloo.
+// cuda_device: the rank's CUDA device for NCCL (already current; bound to the group), -1 for Gloo.
 rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int rank, int world,
                  int64_t timeout_ms, int cuda_device);
 void rt_pg_free(rt_pg* pg);

@@ -75,12 +75,10 @@ at::Tensor forward_cuda(AutogradContext* ctx, rt_pg* pg, at::Tensor x, const at:
   auto [mean, invstd] = at::batch_norm_gather_stats_with_counts(x, mean_all, invstd_all, running_mean, running_var,
                                                                 momentum, eps, counts);
   ctx->save_for_backward({x, weight, mean, invstd, counts.to(at::kInt)});
-  ctx->saved_data["pg"] = reinterpret_cast<int64_t>(pg);
   return at::batch_norm_elemt(x, weight, bias, mean, invstd, eps);
 }
 
-variable_list backward_cuda(AutogradContext* ctx, rt_pg* pg, at::Tensor dy) {
-  auto saved = ctx->get_saved_variables();
+variable_list backward_cuda(const variable_list& saved, rt_pg* pg, at::Tensor dy) {
   auto x = saved[0], weight = saved[1], mean = saved[2], invstd = saved[3], counts = saved[4];
   dy = dense(dy);
   auto [sum_dy, sum_dy_xmu, grad_weight, grad_bias] =
@@ -124,14 +122,13 @@ at::Tensor forward_generic(AutogradContext* ctx, rt_pg* pg, const at::Tensor& x,
   auto m = mean.to(ct).view(channel_shape(x));
   auto is = invstd.to(ct).view(channel_shape(x));
   ctx->save_for_backward({x, weight, m, is});
-  ctx->saved_data["pg"] = reinterpret_cast<int64_t>(pg);
   ctx->saved_data["count"] = count;
   auto w = weight.to(ct).view(channel_shape(x)), b = bias.to(ct).view(channel_shape(x));
   return ((x.to(ct) - m) * is * w + b).to(x.scalar_type());
 }
 
-variable_list backward_generic(AutogradContext* ctx, rt_pg* pg, const at::Tensor& dy_in) {
-  auto saved = ctx->get_saved_variables();
+variable_list backward_generic(AutogradContext* ctx, const variable_list& saved, rt_pg* pg,
+                               const at::Tensor& dy_in) {
   auto x = saved[0], weight = saved[1], mean = saved[2], invstd = saved[3];
   const double count = ctx->saved_data["count"].toDouble();
   const auto ct = mean.scalar_type();
@@ -157,15 +154,16 @@ struct SyncBatchNorm : public torch::autograd::Function<SyncBatchNorm> {
                             at::Tensor running_mean, at::Tensor running_var, double momentum,
                             double eps, int64_t pg_ptr) {
     auto* pg = reinterpret_cast<rt_pg*>(pg_ptr);
-    ctx->saved_data["cuda"] = x.is_cuda();
+    ctx->saved_data["pg"] = pg_ptr;
     if (x.is_cuda()) return forward_cuda(ctx, pg, x, weight, bias, running_mean, running_var, momentum, eps);
     return forward_generic(ctx, pg, x, weight, bias, running_mean, running_var, momentum, eps);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto* pg = reinterpret_cast<rt_pg*>(ctx->saved_data["pg"].toInt());
-    if (ctx->saved_data["cuda"].toBool()) return backward_cuda(ctx, pg, grad_outputs[0]);
-    return backward_generic(ctx, pg, grad_outputs[0]);
+    auto saved = ctx->get_saved_variables();  // saved[0] is the input: its device picks the path
+    if (saved[0].is_cuda()) return backward_cuda(saved, pg, grad_outputs[0]);
+    return backward_generic(ctx, saved, pg, grad_outputs[0]);
   }
 };
 }  // namespace

@@ -391,13 +391,9 @@ impl Drop for CudaTimer {
 }
 
 /// Whether this binary was linked against libtorch's CUDA libraries (CUDA loads when a GPU
-/// is present), and whether its shim has the NCCL backend (decided by build.rs).
+/// is present); decided by build.rs. (Whether it has NCCL: `process_group::nccl_available`.)
 pub fn built_with_cuda() -> bool {
     env!("RINGTRAIN_BUILT_CUDA") == "1"
-}
-
-pub fn built_with_nccl() -> bool {
-    env!("RINGTRAIN_BUILT_NCCL") == "1"
 }
 
 pub fn torch_version() -> String {

@@ -586,16 +586,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
                 cfg.save_every_steps.is_some_and(|n| run.global_step % n == 0) && steps_done < steps_per_epoch;
             if signal.is_some() || periodic {
                 guard.check(pg, &last_good())?;
-                let v = sum_over_ranks(
-                    pg,
-                    &[
-                        loss_sum.double_value(&[]),
-                        correct.double_value(&[]),
-                        seen as f64,
-                        skipped_t.double_value(&[]),
-                        unreadable as f64,
-                    ],
-                )?;
+                let v = sum_over_ranks(pg, &epoch_sums(&loss_sum, &correct, seen, &skipped_t, unreadable))?;
                 let pos = EpochPosition {
                     steps: steps_done,
                     loss_sum: v[0],
@@ -629,15 +620,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             None => None,
         };
         // Epoch statistics over all ranks (padding repeats count as seen, as in DDP).
-        let t = sum_over_ranks(
-            pg,
-            &[
-                loss_sum.double_value(&[]),
-                correct.double_value(&[]),
-                seen as f64,
-                skipped_t.double_value(&[]),
-            ],
-        )?;
+        let t = sum_over_ranks(pg, &epoch_sums(&loss_sum, &correct, seen, &skipped_t, unreadable))?;
         let n = t[2].max(1.0);
         let (train_loss, train_top1) = (t[0] / n, t[1] / n);
         let (seen_all, skipped_steps) = (t[2] as usize, t[3].round() as usize);
@@ -936,6 +919,18 @@ fn keep_epoch_checkpoint(run_dir: &Path, epoch: usize, keep: usize) -> Result<()
         std::fs::remove_dir_all(old).with_context(|| format!("removing {}", old.display()))?;
     }
     Ok(())
+}
+
+/// This rank's running sums of the epoch, read from the device, in `EpochPosition`'s order:
+/// loss sum, correct, seen, skipped steps, unreadable images.
+fn epoch_sums(loss_sum: &Tensor, correct: &Tensor, seen: usize, skipped: &Tensor, unreadable: usize) -> [f64; 5] {
+    [
+        loss_sum.double_value(&[]),
+        correct.double_value(&[]),
+        seen as f64,
+        skipped.double_value(&[]),
+        unreadable as f64,
+    ]
 }
 
 /// Host values summed over ranks (themselves when alone).
