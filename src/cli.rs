@@ -7,6 +7,10 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::config::{self, OptimizerKind, SchedKind, TrainConfig};
+use crate::device::DeviceSpec;
+use crate::dist::ddp::WirePrecision;
+use crate::model::ModelKind;
+use crate::train::amp::AmpMode;
 use crate::data::demo;
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{Loader, LoaderOptions, Shard};
@@ -87,14 +91,14 @@ struct StatsArgs {
 #[derive(Args)]
 struct BenchArgs {
     #[arg(long, default_value = "resnet50")]
-    model: String,
+    model: ModelKind,
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
     #[arg(long, default_value_t = 224)]
     img_size: u32,
     /// auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
     #[arg(long, default_value = "auto")]
-    amp: String,
+    amp: AmpMode,
     /// Timed steps after the warm-up.
     #[arg(long, default_value_t = 50)]
     steps: usize,
@@ -111,7 +115,7 @@ struct BenchRunArgs {
     #[arg(long)]
     channels_last: Option<bool>,
     #[arg(long, default_value = "auto")]
-    device: String,
+    device: DeviceSpec,
     /// Also run the PyTorch reference (bench/torch_step.py, bench/torch_loader.py) with the same
     /// settings and print the ratio.
     #[arg(long)]
@@ -138,10 +142,10 @@ struct BenchDataArgs {
     epochs: usize,
     /// Feed this model's training step (SGD) too, as training does.
     #[arg(long)]
-    model: Option<String>,
+    model: Option<ModelKind>,
     /// With --model: auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
     #[arg(long, default_value = "auto")]
-    amp: String,
+    amp: AmpMode,
     #[command(flatten)]
     run: BenchRunArgs,
 }
@@ -168,7 +172,7 @@ struct InferArgs {
     batch_size: usize,
     /// auto | cpu | cuda | cuda:N.
     #[arg(long, default_value = "auto")]
-    device: String,
+    device: DeviceSpec,
     /// Data worker threads [available cores].
     #[arg(long)]
     workers: Option<usize>,
@@ -223,8 +227,8 @@ struct DistArgs {
     #[arg(long, default_value_t = 25.0)]
     bucket_mb: f64,
     /// All-reduce gradients in half precision: bf16 or fp16 (averaged in fp32).
-    #[arg(long, value_parser = ["bf16", "fp16", "off"])]
-    grad_compress: Option<String>,
+    #[arg(long)]
+    grad_compress: Option<WirePrecision>,
 }
 
 /// Flags given on the command line; only those present override the config file.
@@ -252,7 +256,7 @@ struct TrainArgs {
     out: Option<PathBuf>,
     /// resnet18 | resnet34 | resnet50 | resnet101 | alexnet | resnet18-cifar | resnet10-tiny [resnet18].
     #[arg(long)]
-    model: Option<String>,
+    model: Option<ModelKind>,
     /// Training crop size in pixels [224].
     #[arg(long)]
     img_size: Option<u32>,
@@ -317,13 +321,13 @@ struct TrainArgs {
     seed: Option<u64>,
     /// auto | cpu | cuda | cuda:N [auto].
     #[arg(long)]
-    device: Option<String>,
+    device: Option<DeviceSpec>,
     /// Progress line every N steps, 0 for epoch summaries only [50].
     #[arg(long)]
     log_every: Option<usize>,
     /// Mixed precision: auto (fp16 on CUDA, off on CPU), off, bf16, fp16 [auto].
     #[arg(long)]
-    amp: Option<String>,
+    amp: Option<AmpMode>,
     /// Fixed fp16 loss scale (e.g. 1024) instead of dynamic scaling.
     #[arg(long)]
     loss_scale: Option<f64>,
@@ -427,7 +431,7 @@ struct DemoArgs {
     out: PathBuf,
     /// auto | cpu | cuda | cuda:N.
     #[arg(long, default_value = "auto")]
-    device: String,
+    device: DeviceSpec,
     /// Epochs [15, as recipes/demo.toml].
     #[arg(long, default_value_t = 15)]
     epochs: usize,
@@ -485,7 +489,7 @@ fn demo(args: &DemoArgs) -> Result<()> {
     flags.insert("out".into(), path(args.out.clone()));
     flags.insert("epochs".into(), toml::Value::Integer(args.epochs as i64));
     flags.insert("seed".into(), toml::Value::Integer(args.seed as i64));
-    flags.insert("device".into(), toml::Value::String(args.device.clone()));
+    flags.insert("device".into(), toml::Value::String(args.device.to_string()));
     let recipe = DEMO_RECIPE
         .parse::<toml::Table>()
         .expect("recipes/demo.toml is valid TOML");
@@ -543,12 +547,7 @@ fn reference_python(flag: &Option<String>) -> String {
 }
 
 fn bench_data(a: &BenchDataArgs) -> Result<()> {
-    let device = config::resolve_device(&a.run.device)?;
-    if let Some(m) = &a.model {
-        if !crate::model::MODEL_NAMES.contains(&m.as_str()) {
-            return Err(user_error(format!("unknown --model '{m}'")));
-        }
-    }
+    let device = a.run.device.resolve()?;
     if a.batch_size == 0 || a.epochs == 0 || a.img_size == 0 || a.workers == Some(0) {
         return Err(user_error(
             "--batch-size, --epochs, --img-size and --workers must be at least 1",
@@ -561,8 +560,8 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
         workers: workers(a.workers),
         epochs: a.epochs,
         device,
-        model: a.model.clone(),
-        amp: crate::train::amp::resolve(&a.amp, device)?.filter(|_| a.model.is_some()),
+        model: a.model,
+        amp: a.amp.autocast_kind(device)?.filter(|_| a.model.is_some()),
         channels_last: a.run.channels_last.unwrap_or(device.is_cuda()),
     };
     say!(
@@ -595,7 +594,7 @@ fn workers(n: Option<usize>) -> usize {
 }
 
 fn eval(args: &EvalArgs) -> Result<()> {
-    let mut device = config::resolve_device(&args.infer.device)?;
+    let mut device = args.infer.device.resolve()?;
     if args.infer.batch_size == 0 {
         return Err(user_error("--batch-size must be at least 1"));
     }
@@ -606,7 +605,7 @@ fn eval(args: &EvalArgs) -> Result<()> {
         device = crate::dist::worker_device(device, e)?;
     }
     let pg = match &denv {
-        Some(e) => Some(ProcessGroup::new(
+        Some(e) => ProcessGroup::new(
             Backend::for_device(device),
             &e.master_addr,
             e.master_port,
@@ -614,10 +613,10 @@ fn eval(args: &EvalArgs) -> Result<()> {
             e.world_size,
             std::time::Duration::from_secs(1800),
             device,
-        )?),
-        None => None,
+        )?,
+        None => ProcessGroup::single(device),
     };
-    let is_main = pg.as_ref().is_none_or(|p| p.rank == 0);
+    let is_main = pg.is_main();
     if !is_main {
         crate::report::progress::set_quiet(true);
     }
@@ -639,23 +638,15 @@ fn eval(args: &EvalArgs) -> Result<()> {
             resize: state.eval_resize,
         },
         LoaderOptions {
-            batch_size: args.infer.batch_size,
-            shuffle: false,
-            drop_last: false,
-            seed: 0,
-            workers: workers(args.infer.workers),
-            prefetch: 4,
-            skip_unreadable: true,
-            shard: pg.as_ref().map(|p| Shard {
-                rank: p.rank,
-                world: p.world_size,
+            shard: pg.is_distributed().then_some(Shard {
+                rank: pg.rank,
+                world: pg.world_size,
                 pad: false,
             }),
-            normalize: normalize.for_workers(),
-            pin_memory: normalize.pin_memory(),
+            ..LoaderOptions::in_order(args.infer.batch_size, workers(args.infer.workers)).for_device(&normalize)
         },
     )?;
-    let ev = evaluate(&model, &loader, &normalize, pg.as_ref())?;
+    let ev = evaluate(&model, &loader, &normalize, &pg)?;
     for (p, e) in &ev.skipped {
         crate::report::progress::warn_unreadable(p, e);
     }
@@ -696,7 +687,7 @@ fn predict(args: &PredictArgs) -> Result<()> {
         topk: args.topk,
         logits: args.logits,
         batch_size: args.infer.batch_size,
-        device: config::resolve_device(&args.infer.device)?,
+        device: args.infer.device.resolve()?,
         workers: workers(args.infer.workers),
     };
     let s = crate::predict::predict(&opts)?;
@@ -763,23 +754,18 @@ fn dist_setup(a: &DistArgs, cfg: &TrainConfig) -> Result<Setup> {
         if let Some(port) = a.master_port {
             env.master_port = port;
         }
-        let grad_compress = match a.grad_compress.as_deref() {
-            Some("bf16") => Some(tch::Kind::BFloat16),
-            Some("fp16") => Some(tch::Kind::Half),
-            _ => None,
-        };
         return Ok(Setup::Worker(DistSetup {
             env,
             timeout,
             bucket_mb: a.bucket_mb,
-            grad_compress,
+            grad_compress: a.grad_compress.unwrap_or(WirePrecision::Off),
             sync_bn: cfg.sync_bn,
         }));
     }
     if std::env::var_os(launcher::LAUNCHED_VAR).is_some() {
         return Err(user_error("launched as a worker but RANK/WORLD_SIZE are missing"));
     }
-    let cuda = config::resolve_device(&cfg.device)?.is_cuda();
+    let cuda = cfg.device.resolve()?.is_cuda();
     let gpus = tch::Cuda::device_count() as usize;
     let nproc = match a.nproc_per_node {
         Some(0) => return Err(user_error("--nproc-per-node must be at least 1")),
@@ -843,19 +829,16 @@ impl std::fmt::Display for ExitCode {
 impl std::error::Error for ExitCode {}
 
 fn bench(a: &BenchArgs) -> Result<()> {
-    let device = config::resolve_device(&a.run.device)?;
-    if !crate::model::MODEL_NAMES.contains(&a.model.as_str()) {
-        return Err(user_error(format!("unknown --model '{}'", a.model)));
-    }
+    let device = a.run.device.resolve()?;
     if a.batch_size == 0 || a.steps == 0 {
         return Err(user_error("--batch-size and --steps must be at least 1"));
     }
     let window = a.steps.min(10);
     let o = crate::bench::BenchOptions {
-        model: a.model.clone(),
+        model: a.model,
         batch_size: a.batch_size,
         img_size: a.img_size,
-        amp: crate::train::amp::resolve(&a.amp, device)?,
+        amp: a.amp.autocast_kind(device)?,
         channels_last: a.run.channels_last.unwrap_or(device.is_cuda()),
         device,
         steps: a.steps - a.steps % window,
@@ -1006,7 +989,14 @@ pub fn main() -> i32 {
             eprintln!("error: internal error{at}: {} (please report it)", first_line(&msg));
         }));
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprintln!("{}", one_line_usage_error(&e.to_string()));
+            return 2;
+        }
+        Err(e) => e.exit(), // --help
+    };
     if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() {
         shim::set_torch_log_level(3);
     }
@@ -1028,4 +1018,14 @@ pub fn main() -> i32 {
 fn first_line(msg: &str) -> &str {
     let line = msg.lines().next().unwrap_or("").trim_end();
     line.split(" (Exception raised from").next().unwrap_or(line)
+}
+
+/// clap's usage error as one line: the error, its tip and possible values, without the usage
+/// block and the pointer to --help.
+fn one_line_usage_error(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }

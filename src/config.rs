@@ -4,10 +4,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use tch::Device;
 
 use crate::bail_user;
-use crate::model::MODEL_NAMES;
+use crate::device::DeviceSpec;
+use crate::model::ModelKind;
+use crate::train::amp::AmpMode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -69,7 +70,7 @@ pub struct TrainConfig {
     pub val: Option<PathBuf>,
     pub val_split: f64,
     pub out: PathBuf,
-    pub model: String,
+    pub model: ModelKind,
     pub img_size: u32,
     /// Evaluation: Resize(eval_resize) + CenterCrop(img_size); default img_size / 0.875.
     pub eval_resize: Option<u32>,
@@ -137,12 +138,11 @@ pub struct TrainConfig {
     /// Batches decoded ahead of the training step.
     pub prefetch: usize,
     pub seed: u64,
-    /// auto | cpu | cuda | cuda:N
-    pub device: String,
+    pub device: DeviceSpec,
     /// Print a progress line every N steps (0: only epoch summaries).
     pub log_every: usize,
-    /// Mixed precision: auto (fp16 on CUDA, off on CPU) | off | bf16 | fp16.
-    pub amp: String,
+    /// Mixed precision; auto is fp16 on CUDA, off on CPU.
+    pub amp: AmpMode,
     /// A fixed fp16 loss scale instead of dynamic scaling.
     pub loss_scale: Option<f64>,
     /// channels_last (NHWC) weights and inputs; default: on for CUDA, off on the CPU.
@@ -173,7 +173,7 @@ impl Default for TrainConfig {
             val: None,
             val_split: 0.1,
             out: PathBuf::from("runs/train"),
-            model: "resnet18".into(),
+            model: ModelKind::ResNet18,
             img_size: 224,
             eval_resize: None,
             epochs: 30,
@@ -220,9 +220,9 @@ impl Default for TrainConfig {
             workers: None,
             prefetch: 4,
             seed: 42,
-            device: "auto".into(),
+            device: DeviceSpec::Auto,
             log_every: 50,
-            amp: "auto".into(),
+            amp: AmpMode::Auto,
             loss_scale: None,
             channels_last: None,
             overwrite: false,
@@ -280,32 +280,6 @@ fn one_line(s: &str) -> String {
     s.trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
 }
 
-pub fn resolve_device(spec: &str) -> Result<Device> {
-    let cuda = tch::Cuda::device_count();
-    Ok(match spec {
-        "auto" => {
-            if cuda > 0 {
-                Device::Cuda(0)
-            } else {
-                Device::Cpu
-            }
-        }
-        "cpu" => Device::Cpu,
-        "cuda" | "gpu" => Device::Cuda(0),
-        s if s.starts_with("cuda:") => match s[5..].parse::<usize>() {
-            Ok(i) => Device::Cuda(i),
-            Err(_) => bail_user!("invalid --device '{s}' (expected auto, cpu, cuda or cuda:N)"),
-        },
-        s => bail_user!("invalid --device '{s}' (expected auto, cpu, cuda or cuda:N)"),
-    })
-    .and_then(|d| match d {
-        Device::Cuda(i) if i as i64 >= cuda => {
-            bail_user!("--device {spec}: no such CUDA device ({cuda} visible)")
-        }
-        d => Ok(d),
-    })
-}
-
 impl TrainConfig {
     /// Whether `out` already holds a run (checkpoints).
     pub fn holds_run(&self) -> bool {
@@ -355,13 +329,6 @@ impl TrainConfig {
                 bail_user!("--val directory does not exist: {}", v.display());
             }
         }
-        if !MODEL_NAMES.contains(&self.model.as_str()) {
-            bail_user!(
-                "unknown --model '{}' (expected one of: {})",
-                self.model,
-                MODEL_NAMES.join(", ")
-            );
-        }
         let pos = |v: f64| v.is_finite() && v > 0.0;
         let nonneg = |v: f64| v.is_finite() && v >= 0.0;
         if !pos(self.lr) {
@@ -373,7 +340,7 @@ impl TrainConfig {
         if self.epochs == 0 {
             bail_user!("--epochs must be at least 1");
         }
-        let min_size = if self.model == "alexnet" { 63 } else { 8 };
+        let min_size = self.model.min_img_size();
         if self.img_size < min_size || self.img_size > 4096 {
             bail_user!(
                 "--img-size {} is out of range for {} ({min_size}..4096)",
@@ -512,7 +479,7 @@ impl TrainConfig {
                 bail_user!("--loss-scale must be positive, got {s}");
             }
         }
-        crate::train::amp::resolve(&self.amp, resolve_device(&self.device)?)?;
+        self.amp.autocast_kind(self.device.resolve()?)?;
         Ok(())
     }
 
@@ -531,8 +498,8 @@ mod tests {
         let flags: toml::Table = "lr = 0.01".parse().unwrap();
         let c = resolve(Some(file), flags).unwrap();
         assert_eq!(
-            (c.lr, c.epochs, c.model.as_str(), c.batch_size),
-            (0.01, 3, "resnet50", 64)
+            (c.lr, c.epochs, c.model, c.batch_size),
+            (0.01, 3, ModelKind::ResNet50, 64)
         );
     }
 

@@ -130,18 +130,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
             size: state.img_size,
             resize: state.eval_resize,
         },
-        LoaderOptions {
-            batch_size: o.batch_size,
-            shuffle: false,
-            drop_last: false,
-            seed: 0,
-            workers: o.workers,
-            prefetch: 4,
-            skip_unreadable: true,
-            shard: None,
-            normalize: normalize.for_workers(),
-            pin_memory: normalize.pin_memory(),
-        },
+        LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize),
     )?;
     let k = o.topk.min(state.classes.len());
     let (mut predictions, mut skipped) = (Vec::new(), Vec::new());

@@ -17,7 +17,7 @@ fn ema_matches_torch_averaged_model() {
     use ringtrain::train::ema::Ema;
     let dir = tempfile::tempdir().unwrap();
     tch::manual_seed(3);
-    let mut m = Model::new("resnet18", 7, Device::Cpu).unwrap();
+    let mut m = Model::new("resnet18".parse().unwrap(), 7, Device::Cpu);
     let mut ema = Ema::new(&m, 7, 0.8).unwrap();
     let mut states: Vec<(String, Tensor)> = Vec::new();
     let snapshot = |m: &Model, k: usize, out: &mut Vec<(String, Tensor)>| {

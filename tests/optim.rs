@@ -10,6 +10,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 
 use ringtrain::config::{OptimizerKind, TrainConfig};
+use ringtrain::dist::process_group::ProcessGroup;
 use ringtrain::train::amp::GradScaler;
 use ringtrain::train::optim::{Optimizer, Placement};
 use ringtrain::train::schedule::{Plateau, PlateauState};
@@ -76,7 +77,7 @@ fn run_steps(opt: &mut Optimizer, scaler: &mut GradScaler, params: &[(String, Te
             ringtrain::shim::set_grad(p, &g).unwrap();
         }
         let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
-        let found_inf = scaler.unscale(&grads, None).unwrap();
+        let found_inf = scaler.unscale(&grads, &ProcessGroup::single(Device::Cpu)).unwrap();
         assert_eq!(found_inf.double_value(&[]), (k == SKIPPED_STEP) as i32 as f64);
         opt.step(LRS[k], Some(&found_inf)).unwrap();
         scaler.update();

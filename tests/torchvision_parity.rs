@@ -24,7 +24,7 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
     args.extend(MODELS);
     common::run_python(&args);
     for name in MODELS {
-        let mut model = Model::new(name, 7, Device::Cpu).unwrap();
+        let mut model = Model::new(name.parse().unwrap(), 7, Device::Cpu);
         // load_safetensors refuses missing or unexpected names: this checks the naming too.
         model
             .load_safetensors(&dir.path().join(format!("{name}.safetensors")))

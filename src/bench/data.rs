@@ -25,7 +25,7 @@ pub struct DataBenchOptions {
     pub epochs: usize,
     pub device: Device,
     /// Feed this model's training step too.
-    pub model: Option<String>,
+    pub model: Option<crate::model::ModelKind>,
     pub amp: Option<Kind>,
     pub channels_last: bool,
 }
@@ -45,16 +45,10 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
             pad: None,
         },
         LoaderOptions {
-            batch_size: o.batch_size,
             shuffle: true,
             drop_last: true,
-            seed: 0,
-            workers: o.workers,
-            prefetch: 4,
             skip_unreadable: false,
-            shard: None,
-            normalize: normalize.for_workers(),
-            pin_memory: normalize.pin_memory(),
+            ..LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize)
         },
     )?;
     if loader.batches_per_epoch() * o.epochs < 2 {
@@ -71,7 +65,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     }
     let mut step = match &o.model {
         Some(m) => Some(TrainStep::new(
-            m,
+            *m,
             folder.classes.len() as i64,
             o.device,
             o.amp,
@@ -107,7 +101,7 @@ pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<
         o.batch_size.to_string(),
         o.workers.to_string(),
         o.epochs.to_string(),
-        o.model.clone().unwrap_or_else(|| "none".into()),
+        o.model.map_or("none".into(), |m| m.to_string()),
         amp_name(o.amp).into(),
         (o.channels_last as u8).to_string(),
         device_name(o.device),

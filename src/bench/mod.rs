@@ -12,14 +12,14 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::model::Model;
+use crate::model::{Model, ModelKind};
 use crate::shim;
 use crate::train::amp::GradScaler;
 use crate::train::optim::{Optimizer, Placement};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
-    pub model: String,
+    pub model: ModelKind,
     pub batch_size: usize,
     pub img_size: u32,
     /// None, BFloat16 or Half.
@@ -55,8 +55,8 @@ pub struct TrainStep {
 }
 
 impl TrainStep {
-    pub fn new(model: &str, num_classes: i64, device: Device, amp: Option<Kind>, channels_last: bool) -> Result<Self> {
-        let model = Model::new(model, num_classes, device)?;
+    pub fn new(model: ModelKind, num_classes: i64, device: Device, amp: Option<Kind>, channels_last: bool) -> Result<Self> {
+        let model = Model::new(model, num_classes, device);
         if channels_last {
             shim::var_store_to_channels_last(&model.vs)?;
         }
@@ -102,7 +102,7 @@ impl TrainStep {
             None => loss.f_backward()?,
         }
         let found_inf = match self.scaler.as_mut() {
-            Some(s) => Some(s.unscale(&self.opt.params().map(|p| p.grad()).collect::<Vec<_>>(), None)?),
+            Some(s) => Some(s.unscale(&self.opt.params().map(|p| p.grad()).collect::<Vec<_>>(), &crate::dist::process_group::ProcessGroup::single(self.device))?),
             None => None,
         };
         self.opt.step(0.1, found_inf.as_ref())?;
@@ -118,7 +118,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
     if o.device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
-    let mut step = TrainStep::new(&o.model, 1000, o.device, o.amp, o.channels_last)?;
+    let mut step = TrainStep::new(o.model, 1000, o.device, o.amp, o.channels_last)?;
     let mut x = Tensor::randn(
         [o.batch_size as i64, 3, o.img_size as i64, o.img_size as i64],
         (Kind::Float, o.device),
@@ -168,7 +168,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
 /// Runs `bench/torch_step.py` with the same settings in `python`.
 pub fn run_pytorch(o: &BenchOptions, python: &str, script: &PathBuf) -> Result<BenchResult> {
     let args = [
-        o.model.clone(),
+        o.model.to_string(),
         o.batch_size.to_string(),
         o.img_size.to_string(),
         amp_name(o.amp).into(),

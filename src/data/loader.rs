@@ -87,6 +87,36 @@ pub struct LoaderOptions {
     pub pin_memory: bool,
 }
 
+impl LoaderOptions {
+    /// Every image once, in folder order, unreadable ones skipped (and reported), uint8 batches
+    /// in ordinary memory: evaluation's and prediction's loader. Others change fields of it
+    /// (`LoaderOptions { shuffle: true, ..LoaderOptions::in_order(b, w) }`).
+    pub fn in_order(batch_size: usize, workers: usize) -> Self {
+        LoaderOptions {
+            batch_size,
+            shuffle: false,
+            drop_last: false,
+            seed: 0,
+            workers,
+            prefetch: 4,
+            skip_unreadable: true,
+            shard: None,
+            normalize: None,
+            pin_memory: false,
+        }
+    }
+
+    /// Batches as `normalize`'s device wants them: normalised by the workers for the CPU,
+    /// uint8 in pinned memory for CUDA.
+    pub fn for_device(self, normalize: &crate::data::Normalizer) -> Self {
+        LoaderOptions {
+            normalize: normalize.for_workers(),
+            pin_memory: normalize.pin_memory(),
+            ..self
+        }
+    }
+}
+
 impl Loader {
     pub fn new(samples: Vec<(PathBuf, usize)>, transform: Transform, o: LoaderOptions) -> Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -389,16 +419,11 @@ mod tests {
             pad: None,
         };
         let opts = |workers| LoaderOptions {
-            batch_size: 4,
             shuffle: true,
-            drop_last: false,
             seed: 7,
-            workers,
             prefetch: 2,
             skip_unreadable: false,
-            shard: None,
-            normalize: None,
-            pin_memory: false,
+            ..LoaderOptions::in_order(4, workers)
         };
         let a = Loader::new(samples.clone(), t.clone(), opts(1)).unwrap();
         let b = Loader::new(samples.clone(), t.clone(), opts(4)).unwrap();
@@ -431,16 +456,10 @@ mod tests {
         let (_d, samples) = folder(3);
         let t = Transform::Eval { size: 8, resize: 9 };
         let opts = |pin_memory| LoaderOptions {
-            batch_size: 4,
-            shuffle: false,
-            drop_last: false,
-            seed: 0,
-            workers: 2,
             prefetch: 2,
             skip_unreadable: false,
-            shard: None,
-            normalize: None,
             pin_memory,
+            ..LoaderOptions::in_order(4, 2)
         };
         let pinned = collect(&Loader::new(samples.clone(), t.clone(), opts(true)).unwrap(), 0);
         assert_eq!(pinned, collect(&Loader::new(samples, t, opts(false)).unwrap(), 0));
@@ -454,16 +473,10 @@ mod tests {
             samples,
             t,
             LoaderOptions {
-                batch_size: 4,
-                shuffle: false,
                 drop_last: true,
-                seed: 0,
-                workers: 2,
                 prefetch: 1,
                 skip_unreadable: false,
-                shard: None,
-                normalize: None,
-                pin_memory: false,
+                ..LoaderOptions::in_order(4, 2)
             },
         )
         .unwrap();
@@ -480,16 +493,9 @@ mod tests {
         std::fs::write(&bad, b"truncated").unwrap();
         samples.insert(1, (bad.clone(), 0));
         let opts = |skip| LoaderOptions {
-            batch_size: 10,
-            shuffle: false,
-            drop_last: false,
-            seed: 0,
-            workers: 2,
             prefetch: 1,
             skip_unreadable: skip,
-            shard: None,
-            normalize: None,
-            pin_memory: false,
+            ..LoaderOptions::in_order(10, 2)
         };
         let t = Transform::Eval { size: 8, resize: 8 };
         let l = Loader::new(samples.clone(), t.clone(), opts(true)).unwrap();
@@ -512,16 +518,12 @@ mod tests {
                 samples.clone(),
                 t.clone(),
                 LoaderOptions {
-                    batch_size: 2,
                     shuffle: true,
-                    drop_last: false,
                     seed: 3,
-                    workers: 1,
                     prefetch: 1,
                     skip_unreadable: false,
                     shard,
-                    normalize: None,
-                    pin_memory: false,
+                    ..LoaderOptions::in_order(2, 1)
                 },
             )
             .unwrap()

@@ -23,6 +23,26 @@ use crate::shim::CudaTimer;
 
 use super::process_group::{ProcessGroup, ReduceOp};
 
+crate::flag_enum! {
+    /// `--grad-compress`: the precision gradients travel in during the all-reduce.
+    pub enum WirePrecision("--grad-compress") {
+        Off = "off",
+        Bf16 = "bf16",
+        Fp16 = "fp16",
+    }
+}
+
+impl WirePrecision {
+    /// The dtype on the wire; None for fp32.
+    pub fn kind(self) -> Option<Kind> {
+        match self {
+            WirePrecision::Off => None,
+            WirePrecision::Bf16 => Some(Kind::BFloat16),
+            WirePrecision::Fp16 => Some(Kind::Half),
+        }
+    }
+}
+
 pub struct Ddp {
     pub pg: ProcessGroup,
     /// Indices into the parameter list, one Vec per bucket.
@@ -42,7 +62,7 @@ pub struct Ddp {
 }
 
 impl Ddp {
-    pub fn new(pg: ProcessGroup, params: &[Tensor], bucket_mb: f64, compress: Option<Kind>) -> Result<Self> {
+    pub fn new(pg: ProcessGroup, params: &[Tensor], bucket_mb: f64, wire: WirePrecision) -> Result<Self> {
         let bytes: Vec<usize> = params.iter().map(|p| p.numel() * 4).collect();
         let buckets = assign_buckets(&bytes, (bucket_mb * 1024.0 * 1024.0) as usize);
         let mut flats = Vec::with_capacity(buckets.len());
@@ -62,7 +82,7 @@ impl Ddp {
             pg,
             buckets,
             flats,
-            compress,
+            compress: wire.kind(),
             comm_time: Cell::new(Duration::ZERO),
             pending_timers: RefCell::new(Vec::new()),
         })

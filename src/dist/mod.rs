@@ -18,8 +18,8 @@ pub struct DistSetup {
     pub env: env::DistEnv,
     pub timeout: Duration,
     pub bucket_mb: f64,
-    /// Gradient all-reduce precision (`--grad-compress bf16|fp16`), None for fp32.
-    pub grad_compress: Option<tch::Kind>,
+    /// Gradient all-reduce precision (`--grad-compress`).
+    pub grad_compress: ddp::WirePrecision,
     /// BatchNorm over the global batch (`--sync-bn`).
     pub sync_bn: bool,
 }

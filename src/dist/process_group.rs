@@ -88,6 +88,9 @@ pub struct Work(*mut RtWork);
 
 impl Work {
     pub fn wait(self) -> Result<()> {
+        if self.0.is_null() {
+            return Ok(()); // a process alone: nothing was sent
+        }
         let rc = unsafe { rt_work_wait(self.0) };
         std::mem::forget(self);
         if rc != 0 {
@@ -100,11 +103,16 @@ impl Work {
 impl Drop for Work {
     fn drop(&mut self) {
         // Dropped without wait (an error path): still wait, so the work is freed.
-        unsafe { rt_work_wait(self.0) };
+        if !self.0.is_null() {
+            unsafe { rt_work_wait(self.0) };
+        }
     }
 }
 
+/// The ranks of a job. A process training alone has one too, of world size 1, whose collectives
+/// return at once (as llm.c's): callers never branch on whether they are distributed.
 pub struct ProcessGroup {
+    /// Null for a process alone.
     pg: *mut RtPg,
     pub rank: usize,
     pub world_size: usize,
@@ -163,6 +171,26 @@ impl ProcessGroup {
         })
     }
 
+    /// A process alone: rank 0 of 1, no rendezvous, no c10d.
+    pub fn single(device: Device) -> Self {
+        ProcessGroup {
+            pg: std::ptr::null_mut(),
+            rank: 0,
+            world_size: 1,
+            backend: Backend::for_device(device),
+            device,
+        }
+    }
+
+    /// Whether other ranks take part (collectives then communicate).
+    pub fn is_distributed(&self) -> bool {
+        !self.pg.is_null()
+    }
+
+    pub fn is_main(&self) -> bool {
+        self.rank == 0
+    }
+
     /// A collective's tensor must be on the group's device: a host tensor under NCCL would fail
     /// only on a GPU, and a copy made here would leave an in-place result behind.
     fn check(&self, t: &Tensor, what: &str) -> Result<()> {
@@ -191,6 +219,9 @@ impl ProcessGroup {
 
     pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check(t, "all-reduce")?;
+        if !self.is_distributed() {
+            return Ok(Work(std::ptr::null_mut()));
+        }
         let op = match op {
             ReduceOp::Sum => 0,
             ReduceOp::Max => 1,
@@ -205,6 +236,9 @@ impl ProcessGroup {
 
     pub fn broadcast_async(&self, t: &Tensor, root: usize) -> Result<Work> {
         self.check(t, "broadcast")?;
+        if !self.is_distributed() {
+            return Ok(Work(std::ptr::null_mut()));
+        }
         self.started(unsafe { rt_pg_broadcast(self.pg, ptr(t), root as c_int) }, "broadcast")
     }
 
@@ -216,12 +250,19 @@ impl ProcessGroup {
     pub fn all_gather(&self, out: &Tensor, input: &Tensor) -> Result<()> {
         self.check(out, "all-gather")?;
         self.check(input, "all-gather")?;
+        if !self.is_distributed() {
+            let _ = out.get(0).copy_(input);
+            return Ok(());
+        }
         self.started(unsafe { rt_pg_allgather(self.pg, ptr(out), ptr(input)) }, "all-gather")?
             .wait()
     }
 
     /// Host values reduced element-wise over ranks (on the group's device, then read back).
     pub fn all_reduce_values(&self, values: &[f64], op: ReduceOp) -> Result<Vec<f64>> {
+        if !self.is_distributed() {
+            return Ok(values.to_vec());
+        }
         let t = Tensor::from_slice(values).f_to_device(self.device)?;
         self.all_reduce(&t, op)?;
         Ok(Vec::<f64>::try_from(&t.to_device(Device::Cpu))?)
@@ -231,6 +272,9 @@ impl ProcessGroup {
     pub fn all_gather_values(&self, values: &[i64]) -> Result<Vec<Vec<i64>>> {
         if values.iter().any(|&v| v < 0) {
             bail!("all_gather_values: negative values are reserved for padding");
+        }
+        if !self.is_distributed() {
+            return Ok(vec![values.to_vec()]);
         }
         let lens = self.all_reduce_values(&[values.len() as f64], ReduceOp::Max)?;
         let max = lens[0] as i64;
@@ -250,13 +294,18 @@ impl ProcessGroup {
     }
 
     pub fn barrier(&self) -> Result<()> {
+        if !self.is_distributed() {
+            return Ok(());
+        }
         self.started(unsafe { rt_pg_barrier(self.pg) }, "barrier")?.wait()
     }
 }
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        unsafe { rt_pg_free(self.pg) };
+        if self.is_distributed() {
+            unsafe { rt_pg_free(self.pg) };
+        }
     }
 }
 
@@ -267,6 +316,23 @@ mod tests {
     fn group(backend: Backend, device: Device) -> Result<ProcessGroup> {
         let port = crate::dist::launcher::free_port()?;
         ProcessGroup::new(backend, "127.0.0.1", port, 0, 1, Duration::from_secs(30), device)
+    }
+
+    #[test]
+    fn a_process_alone_has_collectives_that_return_their_input() {
+        let pg = ProcessGroup::single(Device::Cpu);
+        assert!(!pg.is_distributed() && pg.is_main() && pg.world_size == 1);
+        assert_eq!(pg.all_reduce_values(&[1.5, -2.0], ReduceOp::Max).unwrap(), vec![1.5, -2.0]);
+        assert_eq!(pg.all_gather_values(&[3, 7]).unwrap(), vec![vec![3, 7]]);
+        let t = Tensor::from_slice(&[2.0f32, 3.0]);
+        pg.all_reduce(&t, ReduceOp::Sum).unwrap();
+        pg.broadcast(&t, 0).unwrap();
+        let out = Tensor::zeros([1, 2], (Kind::Float, Device::Cpu));
+        pg.all_gather(&out, &t).unwrap();
+        assert_eq!(Vec::<f32>::try_from(out.flatten(0, -1)).unwrap(), vec![2.0, 3.0]);
+        pg.barrier().unwrap();
+        // The device rule holds alone too: a CUDA run's group refuses a host tensor.
+        assert!(ProcessGroup::single(Device::Cuda(0)).all_reduce(&t, ReduceOp::Sum).is_err());
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub fn alexnet(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
         .add_fn_t(|x, train| x.dropout(0.5, train))
         .add(torch_linear(&c / 4, 4096, 4096))
         .add_fn(|x| x.relu())
-        .add(torch_linear(c.set_group(super::HEAD_GROUP) / 6, 4096, num_classes));
+        .add(torch_linear(&c / 6, 4096, num_classes));
     nn::func_t(move |x, train| {
         x.apply_t(&features, train)
             .adaptive_avg_pool2d([6, 6])

@@ -10,7 +10,7 @@ pub fn lenet5(p: &nn::Path, num_classes: i64) -> nn::FuncT<'static> {
     let conv2 = torch_conv2d(p / "conv2", 6, 16, 5, 1, 0);
     let fc1 = torch_linear(p / "fc1", 16 * 5 * 5, 120);
     let fc2 = torch_linear(p / "fc2", 120, 84);
-    let fc3 = torch_linear(p.set_group(super::HEAD_GROUP) / "fc3", 84, num_classes);
+    let fc3 = torch_linear(p / "fc3", 84, num_classes);
     nn::func_t(move |x, _train| {
         x.apply(&conv1)
             .relu()

@@ -14,9 +14,6 @@ use tch::{Device, Kind, Tensor};
 
 use resnet::{Block, ResNetSpec};
 
-/// The optimizer parameter group of the classifier head (`--head-lr-mult`); the rest is group 0.
-pub const HEAD_GROUP: usize = 1;
-
 /// What `load_pretrained` did.
 #[derive(Debug, Default)]
 pub struct PretrainedReport {
@@ -29,36 +26,105 @@ pub struct PretrainedReport {
     pub reinitialized_head: Vec<String>,
 }
 
-/// Names accepted by `--model`.
-pub const MODEL_NAMES: &[&str] = &[
-    "resnet18",
-    "resnet34",
-    "resnet50",
-    "resnet101",
-    "alexnet",
-    "resnet18-cifar",
-    "resnet10-tiny",
-    "lenet5",
-];
+/// The architectures `--model` names, parsed once at the command line (and from config files and
+/// checkpoints by the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
+pub enum ModelKind {
+    ResNet18,
+    ResNet34,
+    ResNet50,
+    ResNet101,
+    AlexNet,
+    /// ResNet-18 with the CIFAR stem (3x3 conv, no max-pool) for 32 px images.
+    ResNet18Cifar,
+    /// The demo's model: one basic block per stage, narrow, CIFAR stem; fast on a CPU.
+    ResNet10Tiny,
+    LeNet5,
+}
 
-fn spec(name: &str) -> Option<ResNetSpec> {
-    let imagenet = [64, 128, 256, 512];
-    let (block, layers, widths, cifar_stem) = match name {
-        "resnet18" => (Block::Basic, [2, 2, 2, 2], imagenet, false),
-        "resnet34" => (Block::Basic, [3, 4, 6, 3], imagenet, false),
-        "resnet50" => (Block::Bottleneck, [3, 4, 6, 3], imagenet, false),
-        "resnet101" => (Block::Bottleneck, [3, 4, 23, 3], imagenet, false),
-        "resnet18-cifar" => (Block::Basic, [2, 2, 2, 2], imagenet, true),
-        // The demo's model: one basic block per stage, narrow, CIFAR stem; fast on a CPU.
-        "resnet10-tiny" => (Block::Basic, [1, 1, 1, 1], [16, 32, 64, 128], true),
-        _ => return None,
-    };
-    Some(ResNetSpec {
-        block,
-        layers,
-        widths,
-        cifar_stem,
-    })
+impl ModelKind {
+    pub const ALL: [ModelKind; 8] = [
+        ModelKind::ResNet18,
+        ModelKind::ResNet34,
+        ModelKind::ResNet50,
+        ModelKind::ResNet101,
+        ModelKind::AlexNet,
+        ModelKind::ResNet18Cifar,
+        ModelKind::ResNet10Tiny,
+        ModelKind::LeNet5,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::ResNet18 => "resnet18",
+            ModelKind::ResNet34 => "resnet34",
+            ModelKind::ResNet50 => "resnet50",
+            ModelKind::ResNet101 => "resnet101",
+            ModelKind::AlexNet => "alexnet",
+            ModelKind::ResNet18Cifar => "resnet18-cifar",
+            ModelKind::ResNet10Tiny => "resnet10-tiny",
+            ModelKind::LeNet5 => "lenet5",
+        }
+    }
+
+    /// Every name, for help texts and errors.
+    pub fn names() -> String {
+        Self::ALL.map(Self::name).join(" | ")
+    }
+
+    /// The classifier head's name prefix, as in torchvision: its tensors are re-initialised for
+    /// another class count by `--pretrained` and get `--head-lr-mult`.
+    pub fn head_prefix(self) -> &'static str {
+        match self {
+            ModelKind::AlexNet => "classifier.6",
+            ModelKind::LeNet5 => "fc3",
+            _ => "fc",
+        }
+    }
+
+    /// The smallest input the architecture's pooling leaves a feature map for.
+    pub fn min_img_size(self) -> u32 {
+        match self {
+            ModelKind::AlexNet => 63,
+            _ => 8,
+        }
+    }
+
+    fn resnet_spec(self) -> Option<ResNetSpec> {
+        let imagenet = [64, 128, 256, 512];
+        let (block, layers, widths, cifar_stem) = match self {
+            ModelKind::ResNet18 => (Block::Basic, [2, 2, 2, 2], imagenet, false),
+            ModelKind::ResNet34 => (Block::Basic, [3, 4, 6, 3], imagenet, false),
+            ModelKind::ResNet50 => (Block::Bottleneck, [3, 4, 6, 3], imagenet, false),
+            ModelKind::ResNet101 => (Block::Bottleneck, [3, 4, 23, 3], imagenet, false),
+            ModelKind::ResNet18Cifar => (Block::Basic, [2, 2, 2, 2], imagenet, true),
+            ModelKind::ResNet10Tiny => (Block::Basic, [1, 1, 1, 1], [16, 32, 64, 128], true),
+            ModelKind::AlexNet | ModelKind::LeNet5 => return None,
+        };
+        Some(ResNetSpec {
+            block,
+            layers,
+            widths,
+            cifar_stem,
+        })
+    }
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ModelKind {
+    type Err = crate::error::UserError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| crate::error::UserError(format!("unknown --model '{s}' (expected one of: {})", Self::names())))
+    }
 }
 
 /// PyTorch's own initialisation of `nn.Linear` and `nn.Conv2d` (their `reset_parameters`),
@@ -107,7 +173,7 @@ pub fn torch_conv2d<'a, T: std::borrow::Borrow<nn::Path<'a>>>(
 }
 
 pub struct Model {
-    pub name: String,
+    pub kind: ModelKind,
     pub vs: nn::VarStore,
     net: nn::FuncT<'static>,
     /// Training forward passes so far: torchvision's BN `num_batches_tracked`, kept for interop.
@@ -115,34 +181,44 @@ pub struct Model {
 }
 
 impl Model {
-    /// Builds `name` for `num_classes` on `device`, initialised from tch's global RNG
+    /// Builds `kind` for `num_classes` on `device`, initialised from tch's global RNG
     /// (seed it with `tch::manual_seed` for reproducible weights).
-    pub fn new(name: &str, num_classes: i64, device: Device) -> Result<Self> {
+    pub fn new(kind: ModelKind, num_classes: i64, device: Device) -> Self {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
-        let net = match name {
-            "alexnet" => alexnet::alexnet(&root, num_classes),
-            "lenet5" => lenet::lenet5(&root, num_classes),
-            _ => match spec(name) {
-                Some(s) => resnet::resnet(&root, &s, num_classes),
-                None => bail!("unknown model '{name}' (expected one of: {})", MODEL_NAMES.join(", ")),
-            },
+        let net = match (kind, kind.resnet_spec()) {
+            (_, Some(s)) => resnet::resnet(&root, &s, num_classes),
+            (ModelKind::AlexNet, _) => alexnet::alexnet(&root, num_classes),
+            _ => lenet::lenet5(&root, num_classes),
         };
-        Ok(Model {
-            name: name.to_string(),
+        Model {
+            kind,
             vs,
             net,
             bn_batches: 0,
-        })
+        }
     }
 
     /// The classifier head's name prefix, as in torchvision.
     pub fn head_prefix(&self) -> &'static str {
-        match self.name.as_str() {
-            "alexnet" => "classifier.6",
-            "lenet5" => "fc3",
-            _ => "fc",
-        }
+        self.kind.head_prefix()
+    }
+
+    /// The trainable tensors with their names, in name order: the order of the optimizer's
+    /// state, of the DDP buckets and of every walk that must agree across ranks and runs.
+    /// Frozen tensors (`--freeze`) are left out: they get no gradient.
+    pub fn trainable(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The tensors that get no gradient (BatchNorm running statistics, frozen parameters), in
+    /// name order: what DDP broadcasts from rank 0 when BatchNorm is not synchronised.
+    pub fn untrained(&self) -> Vec<Tensor> {
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.into_iter().map(|(_, t)| t).collect()
     }
 
     /// Fine-tuning: loads a torchvision-named state_dict by name. Missing and unexpected names
@@ -174,7 +250,7 @@ impl Model {
                         "--pretrained {}: {name} has shape {:?}, {} needs {:?} (a different architecture?)",
                         path.display(),
                         src.size(),
-                        self.name,
+                        self.kind,
                         var.size()
                     );
                 }
@@ -193,7 +269,7 @@ impl Model {
             crate::bail_user!(
                 "--pretrained {}: no tensor name matches {} (is it a torchvision state_dict?)",
                 path.display(),
-                self.name
+                self.kind
             );
         }
         Ok(r)
@@ -211,7 +287,7 @@ impl Model {
                 .map(|(_, v)| v)
                 .collect();
             if under.is_empty() {
-                crate::bail_user!("--freeze {prefix}: no parameter of {} has that name prefix", self.name);
+                crate::bail_user!("--freeze {prefix}: no parameter of {} has that name prefix", self.kind);
             }
             for v in under.into_iter().filter(|v| v.requires_grad()) {
                 let _ = v.shallow_clone().set_requires_grad(false);
@@ -269,7 +345,7 @@ impl Model {
             bail!(
                 "{} does not match model {}: missing keys {:?}, unexpected keys {:?}",
                 path.display(),
-                self.name,
+                self.kind,
                 missing,
                 unexpected
             );
@@ -285,7 +361,7 @@ impl Model {
                         "{}: {name} has shape {:?}, model {} expects {:?}",
                         path.display(),
                         src.size(),
-                        self.name,
+                        self.kind,
                         var.size()
                     );
                 }
@@ -316,7 +392,7 @@ mod tests {
             ("alexnet", 10, vec![("features.0.weight", 3 * 11 * 11), ("features.0.bias", 3 * 11 * 11), ("classifier.1.weight", 9216), ("classifier.1.bias", 9216)]),
             ("lenet5", 10, vec![("conv2.weight", 6 * 25), ("fc1.bias", 400)]),
         ] {
-            let m = Model::new(model, classes, Device::Cpu).unwrap();
+            let m = Model::new(model.parse().unwrap(), classes, Device::Cpu);
             let vars = m.vs.variables();
             for (name, fan_in) in tensors {
                 let bound = 1.0 / (fan_in as f64).sqrt();
@@ -336,7 +412,7 @@ mod tests {
             ("alexnet", 61_100_840),
         ] {
             assert_eq!(
-                Model::new(name, 1000, Device::Cpu).unwrap().num_parameters(),
+                Model::new(name.parse().unwrap(), 1000, Device::Cpu).num_parameters(),
                 n,
                 "{name}"
             );
@@ -347,12 +423,12 @@ mod tests {
     fn state_dict_round_trips_through_safetensors() {
         let d = tempfile::tempdir().unwrap();
         tch::manual_seed(0);
-        let mut a = Model::new("resnet10-tiny", 5, Device::Cpu).unwrap();
+        let mut a = Model::new("resnet10-tiny".parse().unwrap(), 5, Device::Cpu);
         a.bn_batches = 17;
         let p = d.path().join("m.safetensors");
         a.save_safetensors(&p).unwrap();
         tch::manual_seed(1);
-        let mut b = Model::new("resnet10-tiny", 5, Device::Cpu).unwrap();
+        let mut b = Model::new("resnet10-tiny".parse().unwrap(), 5, Device::Cpu);
         b.load_safetensors(&p).unwrap();
         assert_eq!(b.bn_batches, 17);
         let x = Tensor::randn([2, 3, 32, 32], (Kind::Float, Device::Cpu));
@@ -364,12 +440,10 @@ mod tests {
     fn wrong_head_size_is_rejected() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("m.safetensors");
-        Model::new("resnet10-tiny", 5, Device::Cpu)
-            .unwrap()
+        Model::new("resnet10-tiny".parse().unwrap(), 5, Device::Cpu)
             .save_safetensors(&p)
             .unwrap();
-        let e = Model::new("resnet10-tiny", 3, Device::Cpu)
-            .unwrap()
+        let e = Model::new("resnet10-tiny".parse().unwrap(), 3, Device::Cpu)
             .load_safetensors(&p)
             .unwrap_err();
         assert!(

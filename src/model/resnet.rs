@@ -122,7 +122,7 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> nn::FuncT<'s
         }
         layers_seq.push(seq);
     }
-    let fc = super::torch_linear(p.set_group(super::HEAD_GROUP) / "fc", cin, num_classes);
+    let fc = super::torch_linear(p / "fc", cin, num_classes);
     let cifar = spec.cifar_stem;
     nn::func_t(move |x, train| {
         let mut y = x.apply(&c1).apply_t(&b1, train).relu();

@@ -53,14 +53,12 @@ impl GradScaler {
     /// Unscales the gradients in place and returns `found_inf`: a 0-dim device tensor that
     /// holds 1 if any gradient is inf/NaN on any rank. The optimizer skips the step on the
     /// device when it does, so nothing is read back to the host.
-    pub fn unscale(&mut self, grads: &[Tensor], pg: Option<&ProcessGroup>) -> Result<Tensor> {
+    pub fn unscale(&mut self, grads: &[Tensor], pg: &ProcessGroup) -> Result<Tensor> {
         let _ = self.found_inf.zero_();
         let inv = self.scale.reciprocal();
         shim::amp_unscale(grads, &self.found_inf, &inv)?;
-        if let Some(pg) = pg {
-            // Gradients were averaged already, so ranks agree; make it explicit and exact.
-            pg.all_reduce(&self.found_inf, ReduceOp::Max)?;
-        }
+        // Gradients were averaged already, so ranks agree; make it explicit and exact.
+        pg.all_reduce(&self.found_inf, ReduceOp::Max)?;
         Ok(self.found_inf.shallow_clone())
     }
 
@@ -93,17 +91,28 @@ impl GradScaler {
     }
 }
 
-/// The autocast precision for `--amp` on `device`: `auto` is fp16 on CUDA (the faster on an H100
-/// for ResNet-50 in PyTorch's own measurement: 4,786 img/s against 3,986 in bf16) and off on CPU.
-pub fn resolve(amp: &str, device: Device) -> Result<Option<Kind>> {
-    Ok(match (amp, device) {
-        ("off", _) => None,
-        ("auto", Device::Cuda(_)) | ("fp16", Device::Cuda(_)) => Some(Kind::Half),
-        ("auto", _) => None,
-        ("bf16", _) => Some(Kind::BFloat16),
-        ("fp16", _) => crate::bail_user!("--amp fp16 needs a CUDA device; on the CPU use --amp bf16"),
-        (other, _) => crate::bail_user!("invalid --amp '{other}' (expected auto, off, bf16 or fp16)"),
-    })
+crate::flag_enum! {
+    /// `--amp`: mixed precision. `auto` is fp16 on CUDA (the faster on an H100 for ResNet-50 in
+    /// PyTorch's own measurement: 4,786 img/s against 3,986 in bf16) and off on the CPU.
+    pub enum AmpMode("--amp") {
+        Auto = "auto",
+        Off = "off",
+        Bf16 = "bf16",
+        Fp16 = "fp16",
+    }
+}
+
+impl AmpMode {
+    /// The autocast dtype on `device` (None: fp32); fp16 needs CUDA.
+    pub fn autocast_kind(self, device: Device) -> Result<Option<Kind>> {
+        Ok(match (self, device) {
+            (AmpMode::Off, _) => None,
+            (AmpMode::Auto | AmpMode::Fp16, Device::Cuda(_)) => Some(Kind::Half),
+            (AmpMode::Auto, _) => None,
+            (AmpMode::Bf16, _) => Some(Kind::BFloat16),
+            (AmpMode::Fp16, _) => crate::bail_user!("--amp fp16 needs a CUDA device; on the CPU use --amp bf16"),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -111,7 +120,7 @@ mod tests {
     use super::*;
 
     fn skips(s: &mut GradScaler, g: &[Tensor]) -> bool {
-        let found_inf = s.unscale(g, None).unwrap();
+        let found_inf = s.unscale(g, &ProcessGroup::single(Device::Cpu)).unwrap();
         assert_eq!(found_inf.size(), Vec::<i64>::new(), "0-dim, as torch.amp.GradScaler's");
         found_inf.double_value(&[]) > 0.0
     }
@@ -158,10 +167,10 @@ mod tests {
 
     #[test]
     fn auto_precision_per_device() {
-        assert_eq!(resolve("auto", Device::Cpu).unwrap(), None);
-        assert_eq!(resolve("auto", Device::Cuda(0)).unwrap(), Some(Kind::Half));
-        assert_eq!(resolve("bf16", Device::Cpu).unwrap(), Some(Kind::BFloat16));
-        assert!(resolve("fp16", Device::Cpu)
+        assert_eq!(AmpMode::Auto.autocast_kind(Device::Cpu).unwrap(), None);
+        assert_eq!(AmpMode::Auto.autocast_kind(Device::Cuda(0)).unwrap(), Some(Kind::Half));
+        assert_eq!(AmpMode::Bf16.autocast_kind(Device::Cpu).unwrap(), Some(Kind::BFloat16));
+        assert!(AmpMode::Fp16.autocast_kind(Device::Cpu)
             .unwrap_err()
             .to_string()
             .contains("--amp bf16"));

@@ -14,7 +14,7 @@ use tch::Tensor;
 use crate::atomic;
 use crate::bail_user;
 use crate::config::TrainConfig;
-use crate::model::Model;
+use crate::model::{Model, ModelKind};
 use crate::report::metrics_csv::EpochRow;
 use crate::train::schedule::PlateauState;
 
@@ -26,7 +26,7 @@ pub const STATE_FILE: &str = "state.json";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CheckpointState {
     pub ringtrain_version: String,
-    pub model: String,
+    pub model: ModelKind,
     pub classes: Vec<String>,
     pub img_size: u32,
     pub eval_resize: u32,
@@ -189,7 +189,7 @@ pub fn read_tensors(path: &Path, flag: &str) -> Result<HashMap<String, Tensor>> 
 /// The model of a checkpoint directory, ready for inference, with its state.
 pub fn load(dir: &Path, device: tch::Device) -> Result<(Model, CheckpointState)> {
     let state = load_state(dir)?;
-    let mut model = Model::new(&state.model, state.classes.len() as i64, device)?;
+    let mut model = Model::new(state.model, state.classes.len() as i64, device);
     model
         .load_safetensors(&dir.join(MODEL_FILE))
         .map_err(|e| crate::error::user_error(format!("--checkpoint {}: {e:#}", dir.display())))?;

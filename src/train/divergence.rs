@@ -64,7 +64,7 @@ impl DivergenceGuard {
 
     /// Reads the record and errors if the run has diverged; on every rank at the same steps, as
     /// it may all-reduce. `last_good` names the checkpoint left to resume from.
-    pub fn check(&self, pg: Option<&ProcessGroup>, last_good: &str) -> Result<()> {
+    pub fn check(&self, pg: &ProcessGroup, last_good: &str) -> Result<()> {
         if self.fp16 {
             let skipped = self.skipped_in_a_row.int64_value(&[0]);
             if skipped >= FP16_MAX_SKIPPED_IN_A_ROW {
@@ -77,9 +77,7 @@ impl DivergenceGuard {
             return Ok(());
         }
         let first = self.first_bad_step.copy();
-        if let Some(pg) = pg {
-            pg.all_reduce(&first, ReduceOp::Min)?;
-        }
+        pg.all_reduce(&first, ReduceOp::Min)?;
         let first = first.double_value(&[0]);
         if first.is_finite() {
             return Err(user_error(format!(

@@ -18,7 +18,7 @@ pub struct Ema {
 impl Ema {
     /// Starts the average at the model's current weights.
     pub fn new(model: &Model, num_classes: i64, decay: f64) -> Result<Self> {
-        let mut ema = Model::new(&model.name, num_classes, model.vs.device())?;
+        let mut ema = Model::new(model.kind, num_classes, model.vs.device());
         let (src, dst) = (model.vs.variables(), ema.vs.variables());
         let mut names: Vec<&String> = src.keys().collect();
         names.sort();
@@ -66,7 +66,7 @@ mod tests {
     #[test]
     fn average_follows_the_decay_rule() {
         tch::manual_seed(0);
-        let m = Model::new("lenet5", 3, Device::Cpu).unwrap();
+        let m = Model::new(crate::model::ModelKind::LeNet5, 3, Device::Cpu);
         let mut ema = Ema::new(&m, 3, 0.9).unwrap();
         let name = "fc3.weight";
         let before = m.vs.variables()[name].copy();

@@ -21,14 +21,14 @@ pub struct EvalResult {
     pub skipped: Vec<(std::path::PathBuf, String)>,
 }
 
-/// Evaluates this process's shard of `loader`; with a process group, the sums and every
-/// prediction are combined over ranks, so each sample counts exactly once. Sums and predictions
+/// Evaluates this process's shard of `loader`; the sums and every prediction are combined over
+/// the ranks of `pg`, so each sample counts exactly once. Sums and predictions
 /// stay on the device until the end: no host synchronisation per batch.
 pub fn evaluate(
     model: &Model,
     loader: &Loader,
     normalize: &Normalizer,
-    pg: Option<&ProcessGroup>,
+    pg: &ProcessGroup,
 ) -> Result<EvalResult> {
     let mut loss_sum: Option<Tensor> = None;
     let mut top5_sum: Option<Tensor> = None;
@@ -57,23 +57,20 @@ pub fn evaluate(
         Ok(())
     })?;
     let host = |t: Option<Tensor>| t.map_or(0.0, |t| t.double_value(&[]));
-    let (mut loss_sum, mut top5) = (host(loss_sum), host(top5_sum) as i64);
-    let mut preds: Vec<i64> = match preds.is_empty() {
+    let preds: Vec<i64> = match preds.is_empty() {
         true => Vec::new(),
         false => Vec::<i64>::try_from(Tensor::cat(&preds, 0).to_device(Device::Cpu))?,
     };
-    if let Some(pg) = pg {
-        let v = pg.all_reduce_values(&[loss_sum, top5 as f64], ReduceOp::Sum)?;
-        (loss_sum, top5) = (v[0], v[1] as i64);
-        targets = pg.all_gather_values(&targets)?.concat();
-        preds = pg.all_gather_values(&preds)?.concat();
-    }
+    let sums = pg.all_reduce_values(&[host(loss_sum), host(top5_sum)], ReduceOp::Sum)?;
+    let (loss_sum, top5) = (sums[0], sums[1]);
+    let targets = pg.all_gather_values(&targets)?.concat();
+    let preds = pg.all_gather_values(&preds)?.concat();
     let n = targets.len().max(1) as f64;
     let correct = targets.iter().zip(&preds).filter(|(t, p)| t == p).count();
     Ok(EvalResult {
         loss: loss_sum / n,
         top1: correct as f64 / n,
-        top5: top5 as f64 / n,
+        top5: top5 / n,
         targets,
         preds,
         skipped,

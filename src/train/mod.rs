@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use tch::{Kind, Reduction, Tensor};
 
 use crate::atomic;
-use crate::config::{resolve_device, Metric, SchedKind, TrainConfig};
+use crate::config::{Metric, SchedKind, TrainConfig};
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{Batch, Loader, LoaderOptions, Shard};
 use crate::data::mixup::{mix_rng, soft_target_cross_entropy, Mixup};
@@ -114,7 +114,7 @@ fn fmt_duration(s: f64) -> String {
 /// Trains as described by `cfg`: alone, or as one rank of a data-parallel job (`dist`).
 pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     cfg.validate()?;
-    let mut device = resolve_device(&cfg.device)?;
+    let mut device = cfg.device.resolve()?;
     let (rank, world, local_world) = dist
         .map(|d| (d.env.rank, d.env.world_size, d.env.local_world_size))
         .unwrap_or((0, 1, 1));
@@ -188,16 +188,13 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         // A last batch of one image would break BatchNorm's training statistics: drop only that.
         // Padded shards are equal, so every rank takes the same number of steps.
         LoaderOptions {
-            batch_size: rank_batch,
             shuffle: true,
             drop_last: n_train.div_ceil(world) % rank_batch == 1,
             seed: cfg.seed,
-            workers,
             prefetch: cfg.prefetch,
             skip_unreadable: !cfg.strict,
             shard: shard(true),
-            normalize: normalize.for_workers(),
-            pin_memory: normalize.pin_memory(),
+            ..LoaderOptions::in_order(rank_batch, workers).for_device(&normalize)
         },
     )?;
     let val_loader = Loader::new(
@@ -207,16 +204,11 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             resize: cfg.eval_resize(),
         },
         LoaderOptions {
-            batch_size: rank_batch,
-            shuffle: false,
-            drop_last: false,
             seed: cfg.seed,
-            workers,
             prefetch: cfg.prefetch,
             skip_unreadable: !cfg.strict,
             shard: shard(false),
-            normalize: normalize.for_workers(),
-            pin_memory: normalize.pin_memory(),
+            ..LoaderOptions::in_order(rank_batch, workers).for_device(&normalize)
         },
     )?;
 
@@ -278,7 +270,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
 
     // ---- model, optimizer, schedule
     let num_classes = classes.len() as i64;
-    let mut model = Model::new(&cfg.model, num_classes, device)?;
+    let mut model = Model::new(cfg.model, num_classes, device);
     if let (Some(path), None) = (&cfg.pretrained, &resumed) {
         let r = model.load_pretrained(path)?;
         say!(
@@ -298,16 +290,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         shim::var_store_to_channels_last(&model.vs)?;
     }
     // Frozen parameters get no gradient: leave them out of the optimizer and the all-reduce.
-    let named: Vec<(String, Tensor)> = {
-        let mut v: Vec<(String, Tensor)> = model
-            .vs
-            .variables()
-            .into_iter()
-            .filter(|(_, t)| t.requires_grad())
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
-    };
+    let named = model.trainable();
     let no_decay = if cfg.no_bn_weight_decay {
         optim::batch_norm_params(&model.vs.variables().into_keys().collect::<Vec<_>>())
     } else {
@@ -323,13 +306,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         },
     );
     let params: Vec<Tensor> = opt.params().map(|p| p.shallow_clone()).collect();
-    let buffers: Vec<Tensor> = {
-        let vars = model.vs.variables();
-        let mut names: Vec<&String> = vars.keys().filter(|k| !vars[*k].requires_grad()).collect();
-        names.sort();
-        names.into_iter().map(|k| vars[k].shallow_clone()).collect()
-    };
-    let amp_kind = amp::resolve(&cfg.amp, device)?;
+    let buffers = model.untrained();
+    let amp_kind = cfg.amp.autocast_kind(device)?;
     let mut scaler = (amp_kind == Some(Kind::Half)).then(|| amp::GradScaler::new(device, cfg.loss_scale));
     let mut guard = DivergenceGuard::new(device, scaler.is_some());
     let last_good = || {
@@ -417,16 +395,16 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
                 cfg.batch_size,
                 ddp.num_buckets(),
                 d.bucket_mb,
-                d.grad_compress.map(|k| format!(", all-reduce in {k:?}")).unwrap_or_default(),
+                d.grad_compress.kind().map(|k| format!(", all-reduce in {k:?}")).unwrap_or_default(),
                 if d.sync_bn { ", SyncBatchNorm" } else { "" }
             );
-            Some(ddp)
+            ddp
         }
-        None => None,
+        None => Ddp::new(ProcessGroup::single(device), &params, 25.0, crate::dist::ddp::WirePrecision::Off)?,
     };
-    let pg = ddp.as_ref().map(|d| &d.pg);
+    let pg = &ddp.pg;
     let sync_bn = dist.is_some_and(|d| d.sync_bn);
-    let _sync_bn_guard = pg.filter(|_| sync_bn).map(crate::model::batchnorm::sync_batch_norm);
+    let _sync_bn_guard = (sync_bn && pg.is_distributed()).then(|| crate::model::batchnorm::sync_batch_norm(pg));
     let accum = cfg.accum_steps;
     let micro_per_epoch = train_loader.batches_per_epoch();
     let steps_per_epoch = micro_per_epoch.div_ceil(accum);
@@ -485,11 +463,11 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             tch::manual_seed(step_seed(cfg.seed, epoch, micro));
             if k == 0 {
                 lr = sched.lr_at(run.global_step, &run.plateau);
-                match ddp.as_ref().filter(|d| d.owns_grads()) {
-                    Some(ddp) => ddp.zero_grad(),
-                    None => opt.zero_grad()?,
+                match ddp.owns_grads() {
+                    true => ddp.zero_grad(),
+                    false => opt.zero_grad()?,
                 }
-                if let Some(ddp) = ddp.as_ref().filter(|_| world > 1 && !sync_bn) {
+                if world > 1 && !sync_bn {
                     ddp.broadcast_buffers(&buffers)?;
                 }
             }
@@ -539,9 +517,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             }
 
             // ---- the optimizer step
-            if let Some(ddp) = &ddp {
-                ddp.all_reduce_grads()?;
-            }
+            ddp.all_reduce_grads()?;
             let found_inf = match scaler.as_mut() {
                 Some(s) => {
                     let grads: Vec<Tensor> = params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
@@ -600,9 +576,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
                     let st = run.checkpoint_state(cfg, &classes, epoch, Some(pos), &scaler, world);
                     save_checkpoint(&run_dir.join("last"), &model, &st, &opt, &ema)?;
                 }
-                if let Some(pg) = pg {
-                    pg.barrier()?; // no rank leaves before rank 0 has saved
-                }
+                pg.barrier()?; // no rank leaves before rank 0 has saved
             }
             if let Some(sig) = signal {
                 stopped_by = Some(sig);
@@ -615,9 +589,9 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         }
         guard.check(pg, &last_good())?;
         let train_secs = resumed_pos.seconds + t0.elapsed().as_secs_f64();
-        let comm_share = match &ddp {
-            Some(d) => Some(d.take_comm_time()?.as_secs_f64() / train_secs),
-            None => None,
+        let comm_share = match pg.is_distributed() {
+            true => Some(ddp.take_comm_time()?.as_secs_f64() / train_secs),
+            false => None,
         };
         // Epoch statistics over all ranks (padding repeats count as seen, as in DDP).
         let t = sum_over_ranks(pg, &epoch_sums(&loss_sum, &correct, seen, &skipped_t, unreadable))?;
@@ -820,7 +794,7 @@ impl RunState {
     ) -> CheckpointState {
         CheckpointState {
             ringtrain_version: env!("CARGO_PKG_VERSION").into(),
-            model: cfg.model.clone(),
+            model: cfg.model,
             classes: classes.to_vec(),
             img_size: cfg.img_size,
             eval_resize: cfg.eval_resize(),
@@ -934,20 +908,17 @@ fn epoch_sums(loss_sum: &Tensor, correct: &Tensor, seen: usize, skipped: &Tensor
 }
 
 /// Host values summed over ranks (themselves when alone).
-fn sum_over_ranks(pg: Option<&ProcessGroup>, values: &[f64]) -> Result<Vec<f64>> {
-    match pg {
-        Some(pg) => pg.all_reduce_values(values, ReduceOp::Sum),
-        None => Ok(values.to_vec()),
-    }
+fn sum_over_ranks(pg: &ProcessGroup, values: &[f64]) -> Result<Vec<f64>> {
+    pg.all_reduce_values(values, ReduceOp::Sum)
 }
 
 /// The signal a stop was requested with, agreed by all ranks (any rank's request stops all, at
 /// the same step). Under DDP the agreement costs a collective, so callers ask only when `due`
 /// (every 10th step, and at epoch ends); alone it is free and always checked.
-fn agreed_signal(stop: &StopRequest, pg: Option<&ProcessGroup>, due: bool) -> Result<Option<i32>> {
-    let Some(pg) = pg.filter(|p| p.world_size > 1) else {
+fn agreed_signal(stop: &StopRequest, pg: &ProcessGroup, due: bool) -> Result<Option<i32>> {
+    if !pg.is_distributed() {
         return Ok(stop.signal());
-    };
+    }
     if !due {
         return Ok(None);
     }
@@ -983,7 +954,7 @@ fn is_own_last(cfg: &TrainConfig, dir: &Path) -> bool {
 fn check_resume(cfg: &TrainConfig, st: &CheckpointState, classes: &[String], dir: &Path, world: usize) -> Result<()> {
     let c = &st.config;
     let fixed = [
-        ("--model", cfg.model.clone(), c.model.clone()),
+        ("--model", cfg.model.to_string(), c.model.to_string()),
         ("--img-size", cfg.img_size.to_string(), c.img_size.to_string()),
         ("--batch-size", cfg.batch_size.to_string(), c.batch_size.to_string()),
         ("--accum-steps", cfg.accum_steps.to_string(), c.accum_steps.to_string()),

@@ -1,0 +1,46 @@
+//! `flag_enum!`: an enum whose values are named on the command line and in config files, parsed
+//! once at the edge (`FromStr`, with a one-line error naming the flag), written back by the same
+//! names (`Display`, and serde through them).
+
+/// `flag_enum! { /// doc \n pub enum Amp("--amp") { Auto = "auto", Off = "off" } }`
+#[macro_export]
+macro_rules! flag_enum {
+    ($(#[$meta:meta])* pub enum $name:ident($flag:literal) { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+
+            /// Every name, for help texts and errors.
+            pub fn names() -> String {
+                Self::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(" | ")
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = $crate::error::UserError;
+
+            fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+                Self::ALL.iter().copied().find(|v| v.name() == s).ok_or_else(|| {
+                    $crate::error::UserError(format!("invalid {} '{s}' (expected {})", $flag, Self::names()))
+                })
+            }
+        }
+    };
+}
