@@ -594,28 +594,17 @@ fn workers(n: Option<usize>) -> usize {
 }
 
 fn eval(args: &EvalArgs) -> Result<()> {
-    let mut device = args.infer.device.resolve()?;
+    let device = args.infer.device.resolve()?;
     if args.infer.batch_size == 0 {
         return Err(user_error("--batch-size must be at least 1"));
     }
     // Under torchrun, srun or mpirun each rank evaluates its shard; the counts are combined
     // so every image counts exactly once, and rank 0 writes the report.
-    let denv = dist_env::from_process_env()?;
-    if let Some(e) = &denv {
-        device = crate::dist::worker_device(device, e)?;
-    }
-    let pg = match &denv {
-        Some(e) => ProcessGroup::new(
-            Backend::for_device(device),
-            &e.master_addr,
-            e.master_port,
-            e.rank,
-            e.world_size,
-            std::time::Duration::from_secs(1800),
-            device,
-        )?,
+    let pg = match dist_env::from_process_env()? {
+        Some(e) => crate::dist::join(&e, device, std::time::Duration::from_secs(1800))?,
         None => ProcessGroup::single(device),
     };
+    let device = pg.device;
     let is_main = pg.is_main();
     if !is_main {
         crate::report::progress::set_quiet(true);

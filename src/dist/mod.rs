@@ -24,6 +24,22 @@ pub struct DistSetup {
     pub sync_bn: bool,
 }
 
+/// Joins the job as the rank `env` describes: its CUDA device made current (see
+/// `worker_device`), then the rendezvous; NCCL on CUDA, Gloo on the CPU. The group's device is the
+/// one the rank trains or evaluates on.
+pub fn join(env: &env::DistEnv, device: Device, timeout: Duration) -> Result<process_group::ProcessGroup> {
+    let device = worker_device(device, env)?;
+    process_group::ProcessGroup::new(
+        process_group::Backend::for_device(device),
+        &env.master_addr,
+        env.master_port,
+        env.rank,
+        env.world_size,
+        timeout,
+        device,
+    )
+}
+
 /// The CUDA device of a worker on `device`'s kind, made the current device before its process
 /// group exists (torch.cuda.set_device(local_rank) in a PyTorch script): the one `--devices`
 /// gave it; else the only visible one, when a scheduler gives each task a GPU of its own (Slurm's
