@@ -17,7 +17,7 @@ use crate::data::loader::{Loader, LoaderOptions, Shard};
 use crate::data::transform::Transform;
 use crate::dist::env as dist_env;
 use crate::dist::launcher::{self, LaunchSpec};
-use crate::dist::process_group::{nccl_available, Backend, ProcessGroup};
+use crate::dist::process_group::{nccl_available, ProcessGroup};
 use crate::dist::DistSetup;
 use crate::error::{is_user_error, user_error};
 use crate::predict::PredictOptions;
