@@ -15,5 +15,6 @@ mod flag_enum;
 pub mod model;
 pub mod predict;
 pub mod report;
+pub mod seeds;
 pub mod shim;
 pub mod train;

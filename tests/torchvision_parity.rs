@@ -141,7 +141,7 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
             worst_decode_jpeg = worst_decode_jpeg.max(diff);
         }
         let mut px = vec![0u8; (size * size * 3) as usize];
-        let mut rng = ringtrain::data::loader::sample_rng(0, 0, 0);
+        let mut rng = ringtrain::seeds::sample(0, 0, 0);
         transform.apply(&img, &mut rng, &mut px).unwrap();
         let ours = Tensor::from_slice(&px)
             .view([size as i64, size as i64, 3])

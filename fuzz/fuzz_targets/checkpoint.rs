@@ -12,6 +12,6 @@ fuzz_target!(|data: &[u8]| {
     let file = std::env::temp_dir().join(format!("ringtrain-fuzz-{}.safetensors", std::process::id()));
     std::fs::write(&file, data).unwrap();
     let _ = read_tensors(&file, "--resume");
-    let mut model = Model::new("lenet5", 3, tch::Device::Cpu).unwrap();
+    let mut model = Model::new(ringtrain::model::ModelKind::LeNet5, 3, tch::Device::Cpu);
     let _ = model.load_pretrained(&file);
 });

@@ -9,12 +9,13 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use tch::{Device, Kind};
 
-use super::{amp_name, device_name, run_reference, sync, TrainStep};
+use super::{amp_name, device_name, run_reference, TrainStep};
 use crate::bail_user;
 use crate::data::folder::ImageFolder;
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transform::Transform;
 use crate::data::{Normalizer, IMAGENET_MEAN, IMAGENET_STD};
+use crate::device::synchronize as sync;
 
 #[derive(Debug, Clone)]
 pub struct DataBenchOptions {

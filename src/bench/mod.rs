@@ -6,16 +6,21 @@
 pub mod data;
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Tensor};
 
-use crate::model::{Model, ModelKind};
+use crate::config::{SchedKind, TrainConfig};
+use crate::dist::process_group::ProcessGroup;
+use crate::model::ModelKind;
 use crate::shim;
-use crate::train::amp::GradScaler;
-use crate::train::optim::{Optimizer, Placement};
+use crate::train::amp::AmpMode;
+use crate::train::meter::EpochMeter;
+use crate::train::state::RunState;
+use crate::train::trainer::{DdpOptions, MicroPos, Trainer};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -38,83 +43,66 @@ pub struct BenchResult {
     pub peak_memory_bytes: Option<u64>,
 }
 
-pub fn sync(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
-}
-
-/// One training step as both benchmarks time it: forward and cross-entropy under autocast,
-/// backward (through the fp16 GradScaler when fp16), SGD with momentum 0.9 on the fused kernel.
+/// The training step of `train` itself (the `Trainer`: micro-step, then optimizer step, with
+/// its on-device epoch sums), set up as the PyTorch reference scripts set up theirs: SGD with
+/// momentum 0.9 at a constant lr 0.1, no weight decay, cross-entropy, autocast and the fp16
+/// GradScaler as `amp` says.
 pub struct TrainStep {
-    pub model: Model,
-    opt: Optimizer,
-    scaler: Option<GradScaler>,
-    amp: Option<Kind>,
-    device: Device,
+    t: Trainer,
+    state: RunState,
+    meter: EpochMeter,
+    micro: usize,
 }
 
 impl TrainStep {
-    pub fn new(model: ModelKind, num_classes: i64, device: Device, amp: Option<Kind>, channels_last: bool) -> Result<Self> {
-        let model = Model::new(model, num_classes, device);
-        if channels_last {
-            shim::var_store_to_channels_last(&model.vs)?;
-        }
-        let named: Vec<(String, Tensor)> = model
-            .vs
-            .variables()
-            .into_iter()
-            .filter(|(_, v)| v.requires_grad())
-            .collect();
-        let cfg = crate::config::TrainConfig {
+    pub fn new(
+        model: ModelKind,
+        num_classes: i64,
+        device: Device,
+        amp: Option<Kind>,
+        channels_last: bool,
+    ) -> Result<Self> {
+        let cfg = TrainConfig {
+            model,
             lr: 0.1,
             momentum: 0.9,
             weight_decay: 0.0,
+            sched: SchedKind::Constant,
+            seed: 0,
+            amp: match amp {
+                Some(Kind::Half) => AmpMode::Fp16,
+                Some(Kind::BFloat16) => AmpMode::Bf16,
+                _ => AmpMode::Off,
+            },
+            channels_last: Some(channels_last),
             ..Default::default()
         };
-        let no_decay = Default::default();
-        let placement = Placement {
-            head_prefix: model.head_prefix(),
-            head_lr_mult: 1.0,
-            no_decay: &no_decay,
-        };
-        let opt = Optimizer::new(&cfg, &named, &placement);
+        let pg = Rc::new(ProcessGroup::single(device));
+        let t = Trainer::new(&cfg, num_classes, 1, pg, DdpOptions::default(), None)?;
+        let meter = EpochMeter::start(Default::default(), t.pg());
         Ok(TrainStep {
-            model,
-            opt,
-            scaler: (amp == Some(Kind::Half)).then(|| GradScaler::new(device, None)),
-            amp,
-            device,
+            t,
+            state: RunState::default(),
+            meter,
+            micro: 0,
         })
     }
 
     pub fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<()> {
-        let loss = {
-            let _autocast = self.amp.map(|k| shim::autocast(self.device, k)).transpose()?;
-            self.model
-                .forward(x, true)
-                .cross_entropy_loss::<Tensor>(y, None, Reduction::Mean, -100, 0.0)
-                .to_kind(Kind::Float)
+        let pos = MicroPos {
+            epoch: 0,
+            micro: self.micro,
+            micro_per_epoch: usize::MAX,
+            accum: 1,
         };
-        self.opt.zero_grad()?;
-        match &self.scaler {
-            Some(s) => s.scale_loss(&loss).f_backward()?,
-            None => loss.f_backward()?,
-        }
-        let found_inf = match self.scaler.as_mut() {
-            Some(s) => Some(s.unscale(&self.opt.params().map(|p| p.grad()).collect::<Vec<_>>(), &crate::dist::process_group::ProcessGroup::single(self.device))?),
-            None => None,
-        };
-        self.opt.step(0.1, found_inf.as_ref())?;
-        if let Some(s) = self.scaler.as_mut() {
-            s.update();
-        }
+        self.micro += 1;
+        self.t.micro_step(x, y, pos, &mut self.meter)?;
+        self.t.optimizer_step(&mut self.state, &mut self.meter)?;
         Ok(())
     }
 }
 
 pub fn run(o: &BenchOptions) -> Result<BenchResult> {
-    tch::manual_seed(0);
     if o.device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
@@ -134,7 +122,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
     let mut t0: Option<Instant> = None;
     for i in 0..o.warmup + o.steps {
         if i >= o.warmup && (i - o.warmup) % o.window == 0 {
-            sync(o.device);
+            crate::device::synchronize(o.device);
             if let Some(t) = t0 {
                 rates.push((o.window * o.batch_size) as f64 / t.elapsed().as_secs_f64());
             }
@@ -142,7 +130,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
         }
         step.step(&x, &y)?;
     }
-    sync(o.device);
+    crate::device::synchronize(o.device);
     if o.steps % o.window == 0 {
         if let Some(t) = t0 {
             rates.push((o.window * o.batch_size) as f64 / t.elapsed().as_secs_f64());

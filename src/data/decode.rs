@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn jpeg_shrunk_while_decoding_matches_the_full_decode_and_resize() {
-        use crate::data::loader::sample_rng;
+        use crate::seeds::sample as sample_rng;
         use crate::data::transform::Transform;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("big.jpg");

@@ -10,7 +10,6 @@ use image::{Rgb, RgbImage};
 use rand::Rng;
 use rayon::prelude::*;
 
-use super::loader::sample_rng;
 
 pub const CLASSES: &[&str] = &[
     "circle", "cross", "hexagon", "ring", "square", "star", "triangle", "crescent",
@@ -58,7 +57,7 @@ fn distance(a: [f64; 3], b: [f64; 3]) -> f64 {
 
 /// Renders one image of `class`, fully determined by (seed, class, index).
 pub fn render(class: usize, size: u32, seed: u64, index: u64) -> RgbImage {
-    let mut rng = sample_rng(seed, class as u64, index);
+    let mut rng = crate::seeds::demo_image(seed, class as u64, index);
     let (bg0, bg1) = (random_colour(&mut rng), random_colour(&mut rng));
     let mut fg = random_colour(&mut rng);
     while distance(fg, bg0) < 120.0 || distance(fg, bg1) < 120.0 {

@@ -11,14 +11,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
 use super::decode::decode_for;
 use super::transform::Transform;
 use super::HostNormalize;
+use crate::seeds;
 
 /// One batch on the host: images u8 [B, H, W, 3] (or, normalised by the workers for a CPU device,
 /// f32 [B, 3, H, W]), labels i64 [B], and which samples they are.
@@ -57,18 +56,7 @@ pub struct Shard {
     pub pad: bool,
 }
 
-/// SplitMix64 finaliser: decorrelates nearby (seed, epoch, index) triples.
-pub fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-pub fn sample_rng(seed: u64, epoch: u64, index: u64) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(mix(mix(mix(seed) ^ epoch) ^ index))
-}
-
+#[derive(Clone)]
 pub struct LoaderOptions {
     pub batch_size: usize,
     pub shuffle: bool,
@@ -172,7 +160,7 @@ impl Loader {
     pub fn order(&self, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.samples.len()).collect();
         if self.shuffle {
-            order.shuffle(&mut sample_rng(self.seed, epoch, u64::MAX));
+            order.shuffle(&mut seeds::shuffle(self.seed, epoch));
         }
         match self.shard {
             None => order,
@@ -348,7 +336,7 @@ impl BatchJob<'_> {
     /// into `out` (size×size RGB8).
     fn load(&self, i: usize, out: &mut [u8]) -> Result<()> {
         let (path, _) = &self.samples[i];
-        let rng = &mut sample_rng(self.seed, self.epoch, i as u64);
+        let rng = &mut seeds::sample(self.seed, self.epoch, i as u64);
         let (img, bx) = decode_for(path, self.transform.size(), |w, h| self.transform.source_box(w, h, rng))?;
         self.transform
             .finish(&img, bx, rng, out)

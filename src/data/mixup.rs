@@ -6,8 +6,8 @@
 //!
 //! ```ignore
 //! let mixup = Mixup::new(cfg)?;                          // once; cfg.num_classes = the data's
-//! // each step: a host RNG from (seed, rank, global step), so a resumed run repeats the draws
-//! let mut rng = mix_rng(seed, rank, global_step);
+//! // each step: a host RNG from (seed, rank, position), so a resumed run repeats the draws
+//! let mut rng = ringtrain::seeds::mixup(seed, rank, position);
 //! let p = mixup.sample(h, w, &mut rng);                  // host only: no device work
 //! let (x, target) = mixup.apply(&x, &labels, &p);        // x: normalised f32 [B,C,H,W] on the device
 //! let loss = soft_target_cross_entropy(&logits, &target); // replaces cross-entropy with smoothing
@@ -17,8 +17,7 @@
 //! back. Label smoothing lives in the soft targets, so the loss must not smooth again.
 //! Validation keeps the plain cross-entropy on hard labels.
 use anyhow::{ensure, Result};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use rand_distr::{Beta, Distribution};
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -88,16 +87,6 @@ pub struct Mixup {
     cfg: MixupConfig,
     mixup_beta: Option<Beta<f64>>,
     cutmix_beta: Option<Beta<f64>>,
-}
-
-/// The host RNG for a step's mix parameters: ChaCha8 keyed by `seed`, one stream per
-/// (rank, step). The loader's per-sample RNGs use other keys, so the two do not overlap. Each rank
-/// draws its own parameters, as in timm where every rank seeds its own NumPy state.
-pub fn mix_rng(seed: u64, rank: u64, step: u64) -> ChaCha8Rng {
-    // A fixed tag keeps this key apart from plain `seed_from_u64(seed)` uses elsewhere.
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6D69_7875_7021_u64 ^ rank.rotate_left(40));
-    rng.set_stream(step);
-    rng
 }
 
 impl Mixup {
@@ -254,6 +243,8 @@ pub fn soft_target_cross_entropy(logits: &Tensor, target: &Tensor) -> Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
     use tch::Device;
 
     fn mixup(mixup_alpha: f64, cutmix_alpha: f64, prob: f64, switch_prob: f64) -> Mixup {

@@ -8,7 +8,6 @@ use anyhow::{Context, Result};
 use rand::seq::SliceRandom;
 
 use super::folder::ImageFolder;
-use super::loader::sample_rng;
 use crate::bail_user;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -29,7 +28,7 @@ pub fn plan(folder: &ImageFolder, val_ratio: f64, seed: u64) -> Vec<(PathBuf, us
             .map(|s| s.0.clone())
             .collect();
         files.sort();
-        files.shuffle(&mut sample_rng(seed, 0x5917, c as u64));
+        files.shuffle(&mut crate::seeds::split(seed, c as u64));
         let n = files.len();
         let n_val = if n >= 2 {
             ((n as f64 * val_ratio).round() as usize).clamp(1, n - 1)

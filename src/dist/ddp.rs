@@ -14,6 +14,7 @@
 //! autograd hooks while backward still runs, overlapping communication with computation. Here the
 //! all-reduces start after backward has finished, so communication time adds to the step.
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -44,7 +45,8 @@ impl WirePrecision {
 }
 
 pub struct Ddp {
-    pub pg: ProcessGroup,
+    /// Shared with the rest of the rank (epoch sums, the stop agreement, SyncBatchNorm).
+    pg: Rc<ProcessGroup>,
     /// Indices into the parameter list, one Vec per bucket.
     buckets: Vec<Vec<usize>>,
     /// One flat fp32 buffer per bucket; the parameters' gradients are views into it.
@@ -62,7 +64,7 @@ pub struct Ddp {
 }
 
 impl Ddp {
-    pub fn new(pg: ProcessGroup, params: &[Tensor], bucket_mb: f64, wire: WirePrecision) -> Result<Self> {
+    pub fn new(pg: Rc<ProcessGroup>, params: &[Tensor], bucket_mb: f64, wire: WirePrecision) -> Result<Self> {
         let bytes: Vec<usize> = params.iter().map(|p| p.numel() * 4).collect();
         let buckets = assign_buckets(&bytes, (bucket_mb * 1024.0 * 1024.0) as usize);
         let mut flats = Vec::with_capacity(buckets.len());
@@ -120,6 +122,10 @@ impl Ddp {
         }
         *pending = still;
         Ok(())
+    }
+
+    pub fn pg(&self) -> &ProcessGroup {
+        &self.pg
     }
 
     pub fn world_size(&self) -> usize {

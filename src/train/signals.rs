@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+
+use crate::dist::process_group::{ProcessGroup, ReduceOp};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 /// Repeats closer than this to the first signal are duplicates.
@@ -53,5 +55,24 @@ impl StopRequest {
             0 => None,
             s => Some(s as i32),
         }
+    }
+}
+
+impl StopRequest {
+    /// The signal a stop was requested with, agreed by all ranks (any rank's request stops all,
+    /// at the same step). Distributed, the agreement costs a collective, so callers ask only
+    /// when `due` (every 10th step, and at epoch ends); alone it is free and always checked.
+    pub fn agreed(&self, pg: &ProcessGroup, due: bool) -> Result<Option<i32>> {
+        if pg.world_size == 1 {
+            return Ok(self.signal());
+        }
+        if !due {
+            return Ok(None);
+        }
+        let agreed = pg.all_reduce_values(&[self.signal().unwrap_or(0) as f64], ReduceOp::Max)?;
+        Ok(match agreed[0] as i32 {
+            0 => None,
+            s => Some(s),
+        })
     }
 }

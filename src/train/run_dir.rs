@@ -1,0 +1,213 @@
+//! The run directory (`--out`) and everything written to it, by rank 0 alone: config.toml,
+//! the checkpoints (last/, best/, epoch-NNNN/ with `--keep`), curves.png, per-epoch reports,
+//! metrics.csv, and the final report of the best epoch. Each write is atomic; metrics.csv is
+//! written last in an epoch, so a current metrics.csv tells a resumed run that the epoch's
+//! outputs are all there.
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::checkpoint::{self, CheckpointState};
+use super::meter::EpochMeter;
+use super::state::{RunState, Validation};
+use super::trainer::Trainer;
+use crate::atomic;
+use crate::config::TrainConfig;
+use crate::error::user_error;
+use crate::report::classification::ClassificationReport;
+use crate::report::metrics_csv;
+use crate::report::plots;
+use crate::say;
+
+pub struct RunDir {
+    pub path: PathBuf,
+    /// The run's settings and classes, recorded in every checkpoint.
+    cfg: TrainConfig,
+    classes: Vec<String>,
+    /// Rank 0 writes; the others only read.
+    writes: bool,
+    /// Ranks of the job, recorded in every checkpoint.
+    world: usize,
+}
+
+impl RunDir {
+    /// Makes `cfg.out` ready: an earlier run's outputs removed for a new run (preflight refused
+    /// them unless `--overwrite`, or `--resume auto` found no checkpoint), temporary files of a
+    /// killed write removed, config.toml written.
+    pub fn prepare(cfg: &TrainConfig, classes: &[String], is_main: bool, world: usize, new_run: bool) -> Result<Self> {
+        let dir = RunDir {
+            path: cfg.out.clone(),
+            cfg: cfg.clone(),
+            classes: classes.to_vec(),
+            writes: is_main,
+            world,
+        };
+        if !is_main {
+            return Ok(dir);
+        }
+        if new_run && dir.path.is_dir() {
+            // So that no later `--resume auto` or reader mixes the earlier run's outputs with this one's.
+            remove_earlier_run(&dir.path)?;
+        }
+        if dir.path.is_dir() {
+            atomic::remove_stale_temps(&dir.path)?; // left by a process killed in the middle of a write
+        }
+        if let Err(e) = std::fs::create_dir_all(&dir.path) {
+            return Err(user_error(format!("cannot create --out {}: {e}", dir.path.display())));
+        }
+        atomic::write_file(&dir.path.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        Ok(dir)
+    }
+
+    /// The checkpoint to resume from after a failure, as a message names it.
+    pub fn last_good(&self) -> String {
+        let last = self.path.join("last");
+        match last.is_dir() {
+            true => last.display().to_string(),
+            false => "none yet".to_string(),
+        }
+    }
+
+    /// A checkpoint inside epoch `epoch` (0-based), for a stop request or `--save-every-steps`;
+    /// on every rank (the position is summed over ranks), and no rank leaves before it is saved.
+    pub fn save_position(&self, t: &Trainer, state: &RunState, meter: &EpochMeter, epoch: usize) -> Result<()> {
+        t.check_divergence(&self.last_good())?;
+        let pos = meter.position(t.pg())?;
+        if self.writes {
+            let st = state.checkpoint_state(
+                &self.cfg,
+                &self.classes,
+                epoch,
+                Some(pos),
+                t.scaler.as_ref(),
+                self.world,
+            );
+            self.save(&self.path.join("last"), t, &st)?;
+        }
+        t.pg().barrier()
+    }
+
+    /// An epoch's outputs: last/, best/ when it improved, epoch-NNNN/ with `--keep`, the curves,
+    /// the per-epoch report when asked, and metrics.csv last.
+    pub fn end_epoch(&self, t: &Trainer, state: &RunState, improved: bool, val: &Validation) -> Result<()> {
+        if !self.writes {
+            return Ok(());
+        }
+        let (cfg, epoch) = (&self.cfg, state.history.last().expect("the epoch is recorded").epoch);
+        let st = state.checkpoint_state(cfg, &self.classes, epoch, None, t.scaler.as_ref(), self.world);
+        self.save(&self.path.join("last"), t, &st)?;
+        if improved {
+            self.save(&self.path.join("best"), t, &st)?;
+        }
+        if cfg.keep > 0 {
+            keep_epoch_checkpoint(&self.path, epoch, cfg.keep)?;
+        }
+        plots::training_curves(&self.path.join("curves.png"), &state.history)?;
+        if cfg.report_every_epoch {
+            let text = val.report.to_text();
+            let reports = self.path.join("reports");
+            std::fs::create_dir_all(&reports)?;
+            atomic::write_file(&reports.join(format!("epoch-{epoch:04}.txt")), text.as_bytes())?;
+            say!("classification report, epoch {epoch}:\n{text}");
+        }
+        metrics_csv::write(&self.path.join("metrics.csv"), &state.history)
+    }
+
+    /// The best epoch's report (report.txt, metrics.json, confusion matrix) in the run directory.
+    pub fn write_final_report(&self, state: &RunState) -> Result<ClassificationReport> {
+        let classes = &self.classes;
+        let (best_epoch, _) = state.best.expect("at least one epoch ran");
+        let best = state.best_eval.as_ref().expect("kept with best");
+        match self.writes {
+            true => crate::report::write_evaluation(
+                &self.path,
+                classes,
+                best,
+                &format!("{} — validation, best epoch {best_epoch}", self.cfg.model),
+            ),
+            false => Ok(ClassificationReport::new(classes, &best.targets, &best.preds)),
+        }
+    }
+
+    /// A kill between an epoch's checkpoint and the files written after it (the `--keep` copy,
+    /// curves, metrics.csv, written in that order) left those a step behind the checkpoint:
+    /// bring them level on resume. (A missed per-epoch report is not rewritten: its predictions
+    /// are gone.)
+    pub fn catch_up(&self, st: &CheckpointState) -> Result<()> {
+        let cfg = &self.cfg;
+        if !self.writes {
+            return Ok(());
+        }
+        let csv = self.path.join("metrics.csv");
+        let current = std::fs::read_to_string(&csv).is_ok_and(|t| t == metrics_csv::render(&st.history));
+        if !current {
+            metrics_csv::write(&csv, &st.history)?;
+            if !st.history.is_empty() {
+                plots::training_curves(&self.path.join("curves.png"), &st.history)?;
+            }
+        }
+        // Only when the run that saved it kept epochs too: turning --keep on at resume starts
+        // keeping from the next epoch.
+        let was_kept = cfg.keep > 0 && st.config.keep > 0;
+        if was_kept && st.epoch > 0 && !self.path.join(format!("epoch-{:04}", st.epoch)).is_dir() {
+            keep_epoch_checkpoint(&self.path, st.epoch, cfg.keep)?;
+        }
+        Ok(())
+    }
+
+    fn save(&self, dir: &Path, t: &Trainer, st: &CheckpointState) -> Result<()> {
+        checkpoint::save(
+            dir,
+            &t.model,
+            st,
+            &checkpoint::Extras {
+                optimizer: Some(t.opt.state_tensors()),
+                ema: t.ema.as_ref().map(|e| &e.model),
+            },
+        )
+    }
+}
+
+/// The outputs of an earlier run in `run_dir` that a new run replaces.
+fn remove_earlier_run(run_dir: &Path) -> Result<()> {
+    for e in std::fs::read_dir(run_dir)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        let is_checkpoint = ["last", "best", "reports"].contains(&name.as_str()) || is_epoch_dir(&name);
+        let is_output = name.starts_with("events.out.tfevents.")
+            || [
+                "report.txt",
+                "metrics.json",
+                "confusion.csv",
+                "confusion.png",
+                "metrics.csv",
+                "curves.png",
+            ]
+            .contains(&name.as_str());
+        if is_checkpoint && path.is_dir() {
+            std::fs::remove_dir_all(&path).with_context(|| format!("removing the earlier run's {}", path.display()))?;
+        } else if is_output && path.is_file() {
+            std::fs::remove_file(&path).with_context(|| format!("removing the earlier run's {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn is_epoch_dir(name: &str) -> bool {
+    name.len() == 10 && name.starts_with("epoch-") && name[6..].bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `--keep N`: the epoch's checkpoint as epoch-NNNN/, and only the newest N of those.
+fn keep_epoch_checkpoint(run_dir: &Path, epoch: usize, keep: usize) -> Result<()> {
+    checkpoint::copy(&run_dir.join("last"), &run_dir.join(format!("epoch-{epoch:04}")))?;
+    let mut kept: Vec<PathBuf> = std::fs::read_dir(run_dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(is_epoch_dir))
+        .collect();
+    kept.sort();
+    for old in kept.iter().take(kept.len().saturating_sub(keep)) {
+        std::fs::remove_dir_all(old).with_context(|| format!("removing {}", old.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! What evolves over the run besides the tensors, and goes into every checkpoint's state.json:
+//! the step count, the schedule's plateau state, the epochs' metrics and the best epoch.
+use crate::config::{Metric, SchedKind, TrainConfig};
+use crate::report::classification::ClassificationReport;
+use crate::report::metrics_csv::EpochRow;
+use crate::say;
+
+use super::amp::GradScaler;
+use super::checkpoint::{CheckpointState, EpochPosition};
+use super::eval::EvalResult;
+use super::meter::EpochTotals;
+use super::schedule::{self, Plateau, PlateauState};
+
+#[derive(Default)]
+pub struct RunState {
+    /// Optimizer steps taken since the start of the run.
+    pub global_step: usize,
+    pub plateau: PlateauState,
+    pub history: Vec<EpochRow>,
+    /// (epoch, value of the monitored metric), and that epoch's validation for the final report.
+    pub best: Option<(usize, f64)>,
+    pub best_eval: Option<EvalResult>,
+    /// The learning rate of the last step (at an epoch's start, of its first).
+    pub lr: f64,
+    /// The first epoch to train (0-based), and how far it went when resumed inside it.
+    pub first_epoch: usize,
+    mid_epoch: Option<EpochPosition>,
+}
+
+/// One epoch's validation: of the model and, with `--ema`, of the moving average.
+pub struct Validation {
+    pub model: EvalResult,
+    /// The model's per-class report (its macro F1 may be the monitored metric).
+    pub report: ClassificationReport,
+    pub ema: Option<EvalResult>,
+}
+
+impl RunState {
+    pub fn from_checkpoint(st: &CheckpointState) -> Self {
+        RunState {
+            global_step: st.global_step,
+            plateau: st.plateau.clone(),
+            history: st.history.clone(),
+            best: st.best_epoch.zip(st.best_metric),
+            best_eval: st.best_eval.clone(),
+            lr: 0.0,
+            first_epoch: st.epoch,
+            mid_epoch: st.mid_epoch.clone(),
+        }
+    }
+
+    /// Where the next epoch starts: at its beginning, or where the checkpoint left it.
+    pub fn take_position(&mut self) -> EpochPosition {
+        self.mid_epoch.take().unwrap_or_default()
+    }
+
+    /// Whether `--save-every-steps` asks for a checkpoint after this step (not at an epoch's
+    /// last step: the epoch's end saves anyway).
+    pub fn save_due(&self, cfg: &TrainConfig, steps_done: usize, steps_per_epoch: usize) -> bool {
+        cfg.save_every_steps.is_some_and(|n| self.global_step % n == 0) && steps_done < steps_per_epoch
+    }
+
+    /// Records a finished epoch (0-based `epoch`); returns whether it is the best so far.
+    pub fn end_epoch(
+        &mut self,
+        cfg: &TrainConfig,
+        epoch: usize,
+        train: &EpochTotals,
+        val: &Validation,
+        seconds: f64,
+    ) -> bool {
+        let ev = &val.model;
+        self.history.push(EpochRow {
+            epoch: epoch + 1,
+            train_loss: train.loss,
+            train_top1: train.top1,
+            val_loss: ev.loss,
+            val_top1: ev.top1,
+            val_top5: ev.top5,
+            lr: self.lr,
+            seconds,
+            images_per_s: train.seen as f64 / train.seconds,
+            skipped_steps: train.skipped_steps,
+            val_macro_f1: val.report.macro_avg.f1,
+            ema_val_top1: val.ema.as_ref().map(|e| e.top1),
+        });
+        let metric = match cfg.monitor {
+            Metric::ValTop1 => ev.top1,
+            Metric::ValTop5 => ev.top5,
+            Metric::ValLoss => ev.loss,
+            Metric::ValMacroF1 => val.report.macro_avg.f1,
+        };
+        let improved = schedule::improves(self.best.map(|b| b.1), metric, cfg.monitor.minimise());
+        if improved {
+            self.best = Some((epoch + 1, metric));
+            self.best_eval = Some(ev.clone());
+        }
+        if cfg.sched == SchedKind::Plateau && Plateau::new(cfg).step(&mut self.plateau, metric) {
+            say!(
+                "ReduceLROnPlateau: {} did not improve for {} epochs; lr now {:.3e}",
+                cfg.monitor.name(),
+                cfg.plateau_patience + 1,
+                self.plateau.lr.unwrap_or(cfg.lr)
+            );
+        }
+        improved
+    }
+
+    /// `--early-stop-patience`: whether the monitored metric has stalled long enough.
+    pub fn should_stop_early(&self, cfg: &TrainConfig) -> bool {
+        let (Some((best_epoch, best_metric)), Some(last)) = (self.best, self.history.last()) else {
+            return false;
+        };
+        let stop = schedule::should_stop_early(last.epoch, best_epoch, cfg.early_stop_patience);
+        if stop {
+            say!(
+                "early stopping: {} has not improved for {} epochs (best {best_metric:.4} at epoch {best_epoch})",
+                cfg.monitor.name(),
+                last.epoch - best_epoch
+            );
+        }
+        stop
+    }
+
+    /// The checkpoint state after `epochs_done` epochs, plus `mid_epoch` when inside the next.
+    pub fn checkpoint_state(
+        &self,
+        cfg: &TrainConfig,
+        classes: &[String],
+        epochs_done: usize,
+        mid_epoch: Option<EpochPosition>,
+        scaler: Option<&GradScaler>,
+        world: usize,
+    ) -> CheckpointState {
+        CheckpointState {
+            ringtrain_version: env!("CARGO_PKG_VERSION").into(),
+            model: cfg.model,
+            classes: classes.to_vec(),
+            img_size: cfg.img_size,
+            eval_resize: cfg.eval_resize(),
+            mean: cfg.mean.clone(),
+            std: cfg.std.clone(),
+            epoch: epochs_done,
+            global_step: self.global_step,
+            mid_epoch,
+            val_top1: self.history.last().map(|r| r.val_top1),
+            best_val_top1: self.best_eval.as_ref().map(|e| e.top1),
+            best_epoch: self.best.map(|b| b.0),
+            best_metric: self.best.map(|b| b.1),
+            best_eval: self.best_eval.clone(),
+            scaler: scaler.map(|s| s.state()),
+            plateau: self.plateau.clone(),
+            history: self.history.clone(),
+            world_size: world,
+            config: cfg.clone(),
+        }
+    }
+}
