@@ -14,6 +14,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -69,12 +70,54 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
             }
         }
     }
-    let exe = std::env::current_exe().context("finding the ringtrain executable")?;
-    let world = spec.nproc_per_node * spec.nnodes;
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
+    let (mut children, readers) = spawn_workers(spec, args)?;
+    let Ended {
+        status,
+        first_failure,
+        forwarded,
+    } = wait_for_workers(&mut children)?;
+    for r in readers {
+        let _ = r.join();
+    }
+    let Some((rank, pid, s)) = first_failure else {
+        return Ok(forwarded.map(|f| 128 + f).unwrap_or(0));
+    };
+    // The first to fail rejected the input (exit code 2, a user error) and said why: that line
+    // is the message, whether the others found the same or were stopped first.
+    if s.code() == Some(2) {
+        return Ok(2);
+    }
+    let others: Vec<String> = children
+        .iter()
+        .zip(&status)
+        .filter(|((r, _), _)| *r != rank)
+        .map(|((r, _), s)| format!("rank {r} {}", s.map(describe).unwrap_or_default()))
+        .collect();
+    // NCCL's watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, see csrc/dist.cpp) ends a rank with
+    // SIGABRT when a collective fails or outlasts the timeout: say so, it is not a crash.
+    let why = if s.signal() == Some(libc::SIGABRT) {
+        " — under NCCL its watchdog aborts a rank whose collective failed or outlasted --dist-timeout \
+         (a peer died or hung; the ranks' lines above say which), otherwise libtorch stopped on an internal error"
+    } else {
+        ""
+    };
+    eprintln!(
+        "error: worker rank {rank} (pid {pid}) {}{why}; stopped the others ({})",
+        describe(s),
+        others.join(", ")
+    );
+    Ok(1)
+}
+
+/// Starts this node's workers, each with its rank's environment; their output lines go through
+/// with a `[rank N]` prefix (an `error:` line that another rank printed already, once).
+fn spawn_workers(spec: &LaunchSpec, args: &[String]) -> Result<(Vec<(usize, Child)>, Vec<JoinHandle<()>>)> {
+    let exe = std::env::current_exe().context("finding the ringtrain executable")?;
+    let world = spec.nproc_per_node * spec.nnodes;
     let mut children: Vec<(usize, Child)> = Vec::new();
     let mut readers = Vec::new();
     let errors_shown: Arc<Mutex<HashSet<String>>> = Arc::default();
@@ -139,10 +182,24 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
         children.push((rank, child));
     }
 
+    Ok((children, readers))
+}
+
+/// How the workers ended: each one's status, the first failure (rank, pid, status), and the
+/// signal forwarded to them, if any.
+struct Ended {
+    status: Vec<Option<ExitStatus>>,
+    first_failure: Option<(usize, u32, ExitStatus)>,
+    forwarded: Option<i32>,
+}
+
+/// Waits for every worker; forwards SIGTERM/SIGINT to them, and stops the others (SIGTERM, then
+/// SIGKILL after 10 s) once one has failed.
+fn wait_for_workers(children: &mut [(usize, Child)]) -> Result<Ended> {
     let mut status: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let mut first_failure: Option<(usize, u32, ExitStatus)> = None;
     let mut kill_deadline: Option<Instant> = None;
-    let signal_all = |children: &Vec<(usize, Child)>, status: &Vec<Option<ExitStatus>>, sig: i32| {
+    let signal_all = |children: &[(usize, Child)], status: &Vec<Option<ExitStatus>>, sig: i32| {
         for ((_, c), s) in children.iter().zip(status) {
             if s.is_none() {
                 unsafe { libc::kill(c.id() as i32, sig) };
@@ -155,7 +212,7 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
     while status.iter().any(Option::is_none) {
         let sig = SIGNAL.swap(0, Ordering::SeqCst);
         if sig != 0 {
-            signal_all(&children, &status, sig);
+            signal_all(children, &status, sig);
             forwarded.get_or_insert(sig);
         }
         for (i, (rank, child)) in children.iter_mut().enumerate() {
@@ -173,41 +230,15 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
         }
         if first_failure.is_some() && status.iter().any(Option::is_none) {
             match kill_deadline {
-                Some(d) if Instant::now() >= d => signal_all(&children, &status, libc::SIGKILL),
-                _ => signal_all(&children, &status, libc::SIGTERM),
+                Some(d) if Instant::now() >= d => signal_all(children, &status, libc::SIGKILL),
+                _ => signal_all(children, &status, libc::SIGTERM),
             }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    for r in readers {
-        let _ = r.join();
-    }
-    let Some((rank, pid, s)) = first_failure else {
-        return Ok(forwarded.map(|f| 128 + f).unwrap_or(0));
-    };
-    // The first to fail rejected the input (exit code 2, a user error) and said why: that line
-    // is the message, whether the others found the same or were stopped first.
-    if s.code() == Some(2) {
-        return Ok(2);
-    }
-    let others: Vec<String> = children
-        .iter()
-        .zip(&status)
-        .filter(|((r, _), _)| *r != rank)
-        .map(|((r, _), s)| format!("rank {r} {}", s.map(describe).unwrap_or_default()))
-        .collect();
-    // NCCL's watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, see csrc/dist.cpp) ends a rank with
-    // SIGABRT when a collective fails or outlasts the timeout: say so, it is not a crash.
-    let why = if s.signal() == Some(libc::SIGABRT) {
-        " — under NCCL its watchdog aborts a rank whose collective failed or outlasted --dist-timeout \
-         (a peer died or hung; the ranks' lines above say which), otherwise libtorch stopped on an internal error"
-    } else {
-        ""
-    };
-    eprintln!(
-        "error: worker rank {rank} (pid {pid}) {}{why}; stopped the others ({})",
-        describe(s),
-        others.join(", ")
-    );
-    Ok(1)
+    Ok(Ended {
+        status,
+        first_failure,
+        forwarded,
+    })
 }
