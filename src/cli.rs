@@ -223,8 +223,8 @@ struct DistArgs {
     /// Seconds a collective or the rendezvous may take before it is an error [1800].
     #[arg(long, default_value_t = 1800)]
     dist_timeout: u64,
-    /// Gradient all-reduce bucket size in MB [25].
-    #[arg(long, default_value_t = 25.0)]
+    /// Gradient all-reduce bucket size in MB.
+    #[arg(long, default_value_t = crate::dist::ddp::DEFAULT_BUCKET_MB)]
     bucket_mb: f64,
     /// All-reduce gradients in half precision: bf16 or fp16 (averaged in fp32).
     #[arg(long)]

@@ -5,10 +5,9 @@ use tch::Device;
 
 use crate::error::UserError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
 pub enum DeviceSpec {
     /// The first GPU when one is visible, else the CPU.
-    #[default]
     Auto,
     Cpu,
     Cuda(usize),

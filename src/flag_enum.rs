@@ -1,11 +1,12 @@
-//! `flag_enum!`: an enum whose values are named on the command line and in config files, parsed
-//! once at the edge (`FromStr`, with a one-line error naming the flag), written back by the same
-//! names (`Display`, and serde through them).
+//! `flag_enum!`: an enum whose values are named on the command line, in config files and in
+//! checkpoints, parsed once at the edge (`FromStr`, with a one-line error that names the flag),
+//! written back by the same names (`Display`, and serde through them).
 
-/// `flag_enum! { /// doc \n pub enum Amp("--amp") { Auto = "auto", Off = "off" } }`
+/// `flag_enum! { /// doc \n pub enum Amp("invalid --amp") { Auto = "auto", Off = "off" } }`: the
+/// literal begins the error for an unknown name, "invalid --amp 'x' (expected one of: auto | off)".
 #[macro_export]
 macro_rules! flag_enum {
-    ($(#[$meta:meta])* pub enum $name:ident($flag:literal) { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+    ($(#[$meta:meta])* pub enum $name:ident($error:literal) { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
         pub enum $name {
@@ -38,7 +39,7 @@ macro_rules! flag_enum {
 
             fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
                 Self::ALL.iter().copied().find(|v| v.name() == s).ok_or_else(|| {
-                    $crate::error::UserError(format!("invalid {} '{s}' (expected {})", $flag, Self::names()))
+                    $crate::error::UserError(format!("{} '{s}' (expected one of: {})", $error, Self::names()))
                 })
             }
         }

@@ -24,9 +24,12 @@ use crate::shim::CudaTimer;
 
 use super::process_group::{ProcessGroup, ReduceOp};
 
+/// PyTorch DDP's `bucket_cap_mb`.
+pub const DEFAULT_BUCKET_MB: f64 = 25.0;
+
 crate::flag_enum! {
     /// `--grad-compress`: the precision gradients travel in during the all-reduce.
-    pub enum WirePrecision("--grad-compress") {
+    pub enum WirePrecision("invalid --grad-compress") {
         Off = "off",
         Bf16 = "bf16",
         Fp16 = "fp16",

@@ -45,7 +45,7 @@ pub fn join(env: &env::DistEnv, device: Device, timeout: Duration) -> Result<pro
 /// gave it; else the only visible one, when a scheduler gives each task a GPU of its own (Slurm's
 /// per-task CUDA_VISIBLE_DEVICES, where SLURM_LOCALID may be 1 with one device visible); else
 /// its local rank. A CPU device is returned as it is.
-pub fn worker_device(device: Device, env: &env::DistEnv) -> Result<Device> {
+fn worker_device(device: Device, env: &env::DistEnv) -> Result<Device> {
     if !device.is_cuda() {
         return Ok(device);
     }

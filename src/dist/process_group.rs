@@ -322,7 +322,10 @@ mod tests {
     fn a_process_alone_has_collectives_that_return_their_input() {
         let pg = ProcessGroup::single(Device::Cpu);
         assert!(!pg.is_distributed() && pg.is_main() && pg.world_size == 1);
-        assert_eq!(pg.all_reduce_values(&[1.5, -2.0], ReduceOp::Max).unwrap(), vec![1.5, -2.0]);
+        assert_eq!(
+            pg.all_reduce_values(&[1.5, -2.0], ReduceOp::Max).unwrap(),
+            vec![1.5, -2.0]
+        );
         assert_eq!(pg.all_gather_values(&[3, 7]).unwrap(), vec![vec![3, 7]]);
         let t = Tensor::from_slice(&[2.0f32, 3.0]);
         pg.all_reduce(&t, ReduceOp::Sum).unwrap();
@@ -332,7 +335,9 @@ mod tests {
         assert_eq!(Vec::<f32>::try_from(out.flatten(0, -1)).unwrap(), vec![2.0, 3.0]);
         pg.barrier().unwrap();
         // The device rule holds alone too: a CUDA run's group refuses a host tensor.
-        assert!(ProcessGroup::single(Device::Cuda(0)).all_reduce(&t, ReduceOp::Sum).is_err());
+        assert!(ProcessGroup::single(Device::Cuda(0))
+            .all_reduce(&t, ReduceOp::Sum)
+            .is_err());
     }
 
     #[test]

@@ -26,52 +26,23 @@ pub struct PretrainedReport {
     pub reinitialized_head: Vec<String>,
 }
 
-/// The architectures `--model` names, parsed once at the command line (and from config files and
-/// checkpoints by the same names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
-pub enum ModelKind {
-    ResNet18,
-    ResNet34,
-    ResNet50,
-    ResNet101,
-    AlexNet,
-    /// ResNet-18 with the CIFAR stem (3x3 conv, no max-pool) for 32 px images.
-    ResNet18Cifar,
-    /// The demo's model: one basic block per stage, narrow, CIFAR stem; fast on a CPU.
-    ResNet10Tiny,
-    LeNet5,
+crate::flag_enum! {
+    /// The architectures `--model` names.
+    pub enum ModelKind("unknown --model") {
+        ResNet18 = "resnet18",
+        ResNet34 = "resnet34",
+        ResNet50 = "resnet50",
+        ResNet101 = "resnet101",
+        AlexNet = "alexnet",
+        /// ResNet-18 with the CIFAR stem (3x3 conv, no max-pool) for 32 px images.
+        ResNet18Cifar = "resnet18-cifar",
+        /// The demo's model: one basic block per stage, narrow, CIFAR stem; fast on a CPU.
+        ResNet10Tiny = "resnet10-tiny",
+        LeNet5 = "lenet5",
+    }
 }
 
 impl ModelKind {
-    pub const ALL: [ModelKind; 8] = [
-        ModelKind::ResNet18,
-        ModelKind::ResNet34,
-        ModelKind::ResNet50,
-        ModelKind::ResNet101,
-        ModelKind::AlexNet,
-        ModelKind::ResNet18Cifar,
-        ModelKind::ResNet10Tiny,
-        ModelKind::LeNet5,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::ResNet18 => "resnet18",
-            ModelKind::ResNet34 => "resnet34",
-            ModelKind::ResNet50 => "resnet50",
-            ModelKind::ResNet101 => "resnet101",
-            ModelKind::AlexNet => "alexnet",
-            ModelKind::ResNet18Cifar => "resnet18-cifar",
-            ModelKind::ResNet10Tiny => "resnet10-tiny",
-            ModelKind::LeNet5 => "lenet5",
-        }
-    }
-
-    /// Every name, for help texts and errors.
-    pub fn names() -> String {
-        Self::ALL.map(Self::name).join(" | ")
-    }
-
     /// The classifier head's name prefix, as in torchvision: its tensors are re-initialised for
     /// another class count by `--pretrained` and get `--head-lr-mult`.
     pub fn head_prefix(self) -> &'static str {
@@ -107,23 +78,6 @@ impl ModelKind {
             widths,
             cifar_stem,
         })
-    }
-}
-
-impl std::fmt::Display for ModelKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for ModelKind {
-    type Err = crate::error::UserError;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| crate::error::UserError(format!("unknown --model '{s}' (expected one of: {})", Self::names())))
     }
 }
 
@@ -208,17 +162,20 @@ impl Model {
     /// state, of the DDP buckets and of every walk that must agree across ranks and runs.
     /// Frozen tensors (`--freeze`) are left out: they get no gradient.
     pub fn trainable(&self) -> Vec<(String, Tensor)> {
-        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        self.sorted_variables(true)
     }
 
     /// The tensors that get no gradient (BatchNorm running statistics, frozen parameters), in
     /// name order: what DDP broadcasts from rank 0 when BatchNorm is not synchronised.
     pub fn untrained(&self) -> Vec<Tensor> {
-        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
+        self.sorted_variables(false).into_iter().map(|(_, t)| t).collect()
+    }
+
+    fn sorted_variables(&self, trainable: bool) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> =
+            self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad() == trainable).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
-        v.into_iter().map(|(_, t)| t).collect()
+        v
     }
 
     /// Fine-tuning: loads a torchvision-named state_dict by name. Missing and unexpected names

@@ -94,7 +94,7 @@ impl GradScaler {
 crate::flag_enum! {
     /// `--amp`: mixed precision. `auto` is fp16 on CUDA (the faster on an H100 for ResNet-50 in
     /// PyTorch's own measurement: 4,786 img/s against 3,986 in bf16) and off on the CPU.
-    pub enum AmpMode("--amp") {
+    pub enum AmpMode("invalid --amp") {
         Auto = "auto",
         Off = "off",
         Bf16 = "bf16",

@@ -65,7 +65,7 @@ pub struct DdpOptions {
 impl Default for DdpOptions {
     fn default() -> Self {
         DdpOptions {
-            bucket_mb: 25.0,
+            bucket_mb: crate::dist::ddp::DEFAULT_BUCKET_MB,
             wire: WirePrecision::Off,
         }
     }
@@ -79,8 +79,6 @@ pub struct Trainer {
     pub ddp: Ddp,
     /// The autocast dtype (None: fp32).
     pub amp: Option<Kind>,
-    /// The trainable tensors in the optimizer's order.
-    params: Vec<Tensor>,
     /// The tensors without gradient (BatchNorm statistics), broadcast from rank 0 per step
     /// when BatchNorm is not synchronised, as DDP's `broadcast_buffers`.
     untrained: Vec<Tensor>,
@@ -139,7 +137,7 @@ impl Trainer {
             no_decay: &no_decay,
         };
         let opt = Optimizer::new(cfg, &model.trainable(), &placement);
-        let params: Vec<Tensor> = opt.params().map(|p| p.shallow_clone()).collect();
+        let params: Vec<Tensor> = opt.params().map(|p| p.shallow_clone()).collect(); // DDP's bucket order
         let amp = cfg.amp.autocast_kind(device)?;
         let scaler = (amp == Some(Kind::Half)).then(|| GradScaler::new(device, cfg.loss_scale));
         let ema = cfg.ema.map(|d| Ema::new(&model, num_classes, d)).transpose()?;
@@ -162,7 +160,6 @@ impl Trainer {
             scaler,
             ddp,
             amp,
-            params,
         })
     }
 
@@ -239,19 +236,19 @@ impl Trainer {
 
     /// The optimizer step after a group's last micro-batch: gradients averaged over ranks,
     /// unscaled (fp16), clipped, applied; the moving average follows. An fp16 overflow skips
-    /// the step on the device, with no host synchronisation. Returns the step's learning rate.
-    pub fn optimizer_step(&mut self, state: &mut RunState, meter: &mut EpochMeter) -> Result<f64> {
+    /// the step on the device, with no host synchronisation.
+    pub fn optimizer_step(&mut self, state: &mut RunState, meter: &mut EpochMeter) -> Result<()> {
         let lr = self.lr(state);
         self.ddp.all_reduce_grads()?;
         let found_inf = match self.scaler.as_mut() {
             Some(s) => {
-                let grads: Vec<Tensor> = self.params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
+                let grads: Vec<Tensor> = self.opt.params().map(|p| p.grad()).filter(|g| g.defined()).collect();
                 Some(s.unscale(&grads, self.ddp.pg())?)
             }
             None => None,
         };
         if let Some(max_norm) = self.clip_grad_norm {
-            let _ = optim::clip_grad_norm(&self.params, max_norm);
+            let _ = optim::clip_grad_norm(self.opt.params(), max_norm);
         }
         self.opt.step(lr, found_inf.as_ref())?;
         if let Some(s) = self.scaler.as_mut() {
@@ -265,7 +262,7 @@ impl Trainer {
         state.lr = lr;
         let loss = self.loss.as_ref().expect("a micro-step before the optimizer step");
         self.guard.record(state.global_step, loss, found_inf.as_ref());
-        Ok(lr)
+        Ok(())
     }
 
     /// The gradient all-reduce's share of `seconds` of training since the last call, when
