@@ -23,6 +23,9 @@ use crate::shim::CudaTimer;
 
 use super::process_group::{ProcessGroup, ReduceOp};
 
+/// Gradient bytes per all-reduce bucket, in MB (`--bucket-mb`; PyTorch DDP's bucket_cap_mb).
+pub const DEFAULT_BUCKET_MB: f64 = 25.0;
+
 crate::flag_enum! {
     /// `--grad-compress`: the precision gradients travel in during the all-reduce.
     pub enum WirePrecision("--grad-compress") {

@@ -113,7 +113,7 @@ fn fmt_duration(s: f64) -> String {
 
 /// Trains as described by `cfg`: alone, or as one rank of a data-parallel job (`dist`).
 pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
-    cfg.validate()?;
+    cfg.preflight()?;
     let mut device = cfg.device.resolve()?;
     let (rank, world, local_world) = dist
         .map(|d| (d.env.rank, d.env.world_size, d.env.local_world_size))
