@@ -237,6 +237,19 @@ impl Default for TrainConfig {
     }
 }
 
+/// What an option left unset (None) means, for the help, where "none" would not say it.
+pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
+    ("data", "none, required"),
+    ("val", "none: --val-split of --data"),
+    ("eval_resize", "img-size / 0.875"),
+    ("t_max", "epochs"),
+    ("constant_lr", "eta-min"),
+    ("crop_padding", "none: RandomResizedCrop"),
+    ("workers", "available cores"),
+    ("loss_scale", "none: dynamic scaling"),
+    ("channels_last", "on for CUDA, off on the CPU"),
+];
+
 /// Reads a TOML file into a table (unknown keys are caught when the merged table is parsed).
 pub fn read_toml(path: &Path) -> Result<toml::Table> {
     let text = match std::fs::read_to_string(path) {
@@ -280,6 +293,14 @@ fn one_line(s: &str) -> String {
     s.trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
 }
 
+fn positive(v: f64) -> bool {
+    v.is_finite() && v > 0.0
+}
+
+fn non_negative(v: f64) -> bool {
+    v.is_finite() && v >= 0.0
+}
+
 impl TrainConfig {
     /// Whether `out` already holds a run (checkpoints).
     pub fn holds_run(&self) -> bool {
@@ -316,24 +337,86 @@ impl TrainConfig {
         [self.std[0], self.std[1], self.std[2]]
     }
 
-    /// Every check that needs no data: run before any work, each failure one line naming the flag.
-    pub fn validate(&self) -> Result<()> {
-        let Some(data) = &self.data else {
-            bail_user!("--data is required (a folder of <class>/<image> files)")
-        };
-        if !data.exists() {
-            bail_user!("--data directory does not exist: {}", data.display());
+    /// The checks of the values alone (no filesystem, no device): each failure one line naming
+    /// the flag.
+    pub fn check(&self) -> Result<()> {
+        if self.data.is_none() {
+            bail_user!("--data is required (a folder of <class>/<image> files)");
+        }
+        self.check_optimizer()?;
+        self.check_sizes()?;
+        self.check_schedule()?;
+        self.check_augmentation()?;
+        self.check_loading()
+    }
+
+    /// `check`, then what needs the machine: the inputs exist, `out` holds no run unless asked,
+    /// and the precision suits the device. Run before any work.
+    pub fn preflight(&self) -> Result<()> {
+        self.check()?;
+        if let Some(data) = &self.data {
+            if !data.exists() {
+                bail_user!("--data directory does not exist: {}", data.display());
+            }
         }
         if let Some(v) = &self.val {
             if !v.exists() {
                 bail_user!("--val directory does not exist: {}", v.display());
             }
         }
-        let pos = |v: f64| v.is_finite() && v > 0.0;
-        let nonneg = |v: f64| v.is_finite() && v >= 0.0;
-        if !pos(self.lr) {
+        if let Some(p) = &self.pretrained {
+            if !p.is_file() {
+                bail_user!("--pretrained file does not exist: {}", p.display());
+            }
+        }
+        if self.holds_run() && !self.overwrite && self.resume.is_none() {
+            bail_user!(
+                "--out {} already holds a run (checkpoints in last/ or best/): continue it with --resume auto, choose another --out, or pass --overwrite to replace it",
+                self.out.display()
+            );
+        }
+        self.amp.autocast_kind(self.device.resolve()?)?;
+        Ok(())
+    }
+
+    fn check_optimizer(&self) -> Result<()> {
+        if !positive(self.lr) {
             bail_user!("--lr must be a positive number, got {}", self.lr);
         }
+        if !(0.0..1.0).contains(&self.momentum) {
+            bail_user!("--momentum must be in [0, 1), got {}", self.momentum);
+        }
+        if self.nesterov && self.momentum == 0.0 {
+            bail_user!("--nesterov needs --momentum > 0");
+        }
+        if !non_negative(self.weight_decay) {
+            bail_user!("--weight-decay must be >= 0, got {}", self.weight_decay);
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            bail_user!("--label-smoothing must be in [0, 1), got {}", self.label_smoothing);
+        }
+        if let Some(d) = self.ema {
+            if !(d > 0.0 && d < 1.0) {
+                bail_user!("--ema (the decay) must be in (0, 1), e.g. 0.9998; got {d}");
+            }
+        }
+        if let Some(c) = self.clip_grad_norm {
+            if !positive(c) {
+                bail_user!("--clip-grad-norm must be positive, got {c}");
+            }
+        }
+        if !positive(self.head_lr_mult) {
+            bail_user!("--head-lr-mult must be positive, got {}", self.head_lr_mult);
+        }
+        if let Some(s) = self.loss_scale {
+            if !positive(s) {
+                bail_user!("--loss-scale must be positive, got {s}");
+            }
+        }
+        Ok(())
+    }
+
+    fn check_sizes(&self) -> Result<()> {
         if self.batch_size == 0 {
             bail_user!("--batch-size must be at least 1");
         }
@@ -355,31 +438,29 @@ impl TrainConfig {
                 self.img_size
             );
         }
-        if !(0.0..1.0).contains(&self.momentum) {
-            bail_user!("--momentum must be in [0, 1), got {}", self.momentum);
+        if self.accum_steps == 0 {
+            bail_user!("--accum-steps must be at least 1");
         }
-        if self.nesterov && self.momentum == 0.0 {
-            bail_user!("--nesterov needs --momentum > 0");
+        if self.save_every_steps == Some(0) {
+            bail_user!("--save-every-steps must be at least 1");
         }
-        if !nonneg(self.weight_decay) {
-            bail_user!("--weight-decay must be >= 0, got {}", self.weight_decay);
-        }
-        if !(0.0..1.0).contains(&self.label_smoothing) {
-            bail_user!("--label-smoothing must be in [0, 1), got {}", self.label_smoothing);
-        }
-        if !nonneg(self.warmup_epochs) || self.warmup_epochs >= self.epochs as f64 {
+        Ok(())
+    }
+
+    fn check_schedule(&self) -> Result<()> {
+        if !non_negative(self.warmup_epochs) || self.warmup_epochs >= self.epochs as f64 {
             bail_user!(
                 "--warmup-epochs must be >= 0 and less than --epochs, got {}",
                 self.warmup_epochs
             );
         }
-        if !nonneg(self.eta_min) || self.eta_min > self.lr {
+        if !non_negative(self.eta_min) || self.eta_min > self.lr {
             bail_user!("--eta-min must be in [0, lr], got {}", self.eta_min);
         }
-        if !pos(self.t_max()) {
+        if !positive(self.t_max()) {
             bail_user!("--t-max must be positive, got {}", self.t_max());
         }
-        if self.step_size == 0 || !pos(self.gamma) {
+        if self.step_size == 0 || !positive(self.gamma) {
             bail_user!("--step-size must be >= 1 and --gamma > 0");
         }
         if self.sched == SchedKind::Multistep && self.milestones.is_empty() {
@@ -392,25 +473,24 @@ impl TrainConfig {
             bail_user!("--constant-lr-from-epoch counts epochs from 1");
         }
         if let Some(c) = self.constant_lr {
-            if !nonneg(c) {
+            if !non_negative(c) {
                 bail_user!("--constant-lr must be >= 0, got {c}");
             }
         }
         if !(self.plateau_factor > 0.0 && self.plateau_factor < 1.0) {
             bail_user!("--plateau-factor must be in (0, 1), got {}", self.plateau_factor);
         }
-        if !nonneg(self.plateau_threshold) || !nonneg(self.min_lr) {
+        if !non_negative(self.plateau_threshold) || !non_negative(self.min_lr) {
             bail_user!("--plateau-threshold and --min-lr must be >= 0");
         }
         if self.early_stop_patience == Some(0) {
             bail_user!("--early-stop-patience must be at least 1");
         }
-        if let Some(d) = self.ema {
-            if !(d > 0.0 && d < 1.0) {
-                bail_user!("--ema (the decay) must be in (0, 1), e.g. 0.9998; got {d}");
-            }
-        }
-        if !nonneg(self.mixup_alpha) || !nonneg(self.cutmix_alpha) {
+        Ok(())
+    }
+
+    fn check_augmentation(&self) -> Result<()> {
+        if !non_negative(self.mixup_alpha) || !non_negative(self.cutmix_alpha) {
             bail_user!("--mixup-alpha and --cutmix-alpha must be >= 0");
         }
         for (flag, v) in [
@@ -422,17 +502,6 @@ impl TrainConfig {
                 bail_user!("{flag} must be a probability in [0, 1], got {v}");
             }
         }
-        if self.accum_steps == 0 {
-            bail_user!("--accum-steps must be at least 1");
-        }
-        if self.save_every_steps == Some(0) {
-            bail_user!("--save-every-steps must be at least 1");
-        }
-        if let Some(c) = self.clip_grad_norm {
-            if !pos(c) {
-                bail_user!("--clip-grad-norm must be positive, got {c}");
-            }
-        }
         if self.crop_scale.len() != 2
             || !(self.crop_scale[0] > 0.0 && self.crop_scale[0] <= self.crop_scale[1] && self.crop_scale[1] <= 1.0)
         {
@@ -442,15 +511,22 @@ impl TrainConfig {
             );
         }
         if let Some(p) = self.crop_padding.filter(|&p| p >= self.img_size) {
-            bail_user!("--crop-padding must be smaller than --img-size {}, got {p}", self.img_size);
+            bail_user!(
+                "--crop-padding must be smaller than --img-size {}, got {p}",
+                self.img_size
+            );
         }
-        if self.mean.len() != 3 || self.std.len() != 3 || !self.std.iter().all(|&s| pos(s)) {
+        if self.mean.len() != 3 || self.std.len() != 3 || !self.std.iter().all(|&s| positive(s)) {
             bail_user!(
                 "--mean and --std need three values each, std > 0 (got {:?} and {:?})",
                 self.mean,
                 self.std
             );
         }
+        Ok(())
+    }
+
+    fn check_loading(&self) -> Result<()> {
         if self.val.is_none() && !(self.val_split > 0.0 && self.val_split < 1.0) {
             bail_user!(
                 "--val-split must be in (0, 1) when no --val is given, got {}",
@@ -460,26 +536,6 @@ impl TrainConfig {
         if self.workers == Some(0) || self.prefetch == 0 {
             bail_user!("--workers and --prefetch must be at least 1");
         }
-        if let Some(p) = &self.pretrained {
-            if !p.is_file() {
-                bail_user!("--pretrained file does not exist: {}", p.display());
-            }
-        }
-        if !pos(self.head_lr_mult) {
-            bail_user!("--head-lr-mult must be positive, got {}", self.head_lr_mult);
-        }
-        if self.holds_run() && !self.overwrite && self.resume.is_none() {
-            bail_user!(
-                "--out {} already holds a run (checkpoints in last/ or best/): continue it with --resume auto, choose another --out, or pass --overwrite to replace it",
-                self.out.display()
-            );
-        }
-        if let Some(s) = self.loss_scale {
-            if !pos(s) {
-                bail_user!("--loss-scale must be positive, got {s}");
-            }
-        }
-        self.amp.autocast_kind(self.device.resolve()?)?;
         Ok(())
     }
 
@@ -520,5 +576,63 @@ mod tests {
         };
         let back = resolve(Some(c.to_toml().unwrap().parse().unwrap()), toml::Table::new()).unwrap();
         assert_eq!(back.to_toml().unwrap(), c.to_toml().unwrap());
+    }
+
+    /// A config that passes `check`, changed by `edit`; the message `check` gives, if any.
+    fn check_message(edit: impl FnOnce(&mut TrainConfig)) -> Option<String> {
+        let mut c = TrainConfig {
+            data: Some("no/such/dir".into()),
+            ..Default::default()
+        };
+        edit(&mut c);
+        c.check().err().map(|e| {
+            assert!(crate::error::is_user_error(&e), "{e}");
+            e.to_string()
+        })
+    }
+
+    #[test]
+    fn check_names_the_flag_of_a_bad_value() {
+        let cases: [(&str, fn(&mut TrainConfig)); 9] = [
+            ("--data is required", |c| c.data = None),
+            ("--lr must be a positive number", |c| c.lr = f64::NAN),
+            ("--momentum must be in [0, 1)", |c| c.momentum = 1.0),
+            ("--batch-size must be at least 1", |c| c.batch_size = 0),
+            ("--img-size 4 is out of range", |c| c.img_size = 4),
+            ("--warmup-epochs", |c| c.warmup_epochs = c.epochs as f64),
+            ("--sched multistep needs --milestones", |c| {
+                c.sched = SchedKind::Multistep
+            }),
+            ("--crop-padding must be smaller than --img-size 224", |c| {
+                c.crop_padding = Some(224)
+            }),
+            ("--mix-prob must be a probability", |c| c.mix_prob = 1.5),
+        ];
+        for (needle, edit) in cases {
+            let msg = check_message(edit).unwrap_or_else(|| panic!("no error for {needle}"));
+            assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+        }
+    }
+
+    #[test]
+    fn check_leaves_the_filesystem_and_device_to_preflight() {
+        // A missing --data, an existing run in --out and fp16 on the CPU are not check's concern.
+        assert_eq!(
+            check_message(|c| {
+                c.pretrained = Some("no/such/file.safetensors".into());
+                c.device = DeviceSpec::Cpu;
+                c.amp = AmpMode::Fp16;
+            }),
+            None
+        );
+        let c = TrainConfig {
+            data: Some("no/such/dir".into()),
+            ..Default::default()
+        };
+        let e = c.preflight().unwrap_err();
+        assert!(
+            e.to_string().contains("--data directory does not exist: no/such/dir"),
+            "{e}"
+        );
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! The path of a batch: `data` (folders → decode → augment → uint8 batches) → `model` →
 //! `train` (loop, optimizer, schedule, checkpoints) → `report` (metrics, classification report);
-//! `cli` ties them to the command line. `shim` is the safe face of the C++ shim in `csrc/`.
+//! `infer` runs a saved checkpoint (eval, predict); `cli` ties them to the command line. `shim`
+//! is the safe face of the C++ shim in `csrc/`.
 pub mod atomic;
 pub mod bench;
 pub mod cli;
@@ -12,8 +13,8 @@ pub mod device;
 pub mod dist;
 pub mod error;
 mod flag_enum;
+pub mod infer;
 pub mod model;
-pub mod predict;
 pub mod report;
 pub mod seeds;
 pub mod shim;

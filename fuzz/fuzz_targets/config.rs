@@ -8,7 +8,7 @@ fuzz_target!(|data: &[u8]| {
     let path = std::path::Path::new("fuzz.toml");
     if let Ok(table) = ringtrain::config::parse_toml(text, path) {
         if let Ok(cfg) = ringtrain::config::resolve(Some(table), toml::Table::new()) {
-            let _ = cfg.validate();
+            let _ = cfg.preflight();
             let _ = cfg.to_toml();
         }
     }

@@ -4,6 +4,7 @@
 //! from the CUDA caching allocator. `--vs-pytorch` runs that script in the same invocation and
 //! prints the ratio. `data` measures the input pipeline the same way (`ringtrain bench-data`).
 pub mod data;
+pub mod reference;
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;

@@ -3,7 +3,7 @@
 //! noise, written as PNG files in the ImageFolder layout. Eight classes; a small network learns
 //! them well above 90 % in a few CPU minutes, and a broken pipeline does not.
 use std::f64::consts::PI;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use image::{Rgb, RgbImage};
@@ -152,6 +152,35 @@ pub fn generate(dir: &Path, per_class_train: usize, per_class_val: usize, size: 
             .save(&path)
             .with_context(|| format!("writing {}", path.display()))
     })
+}
+
+/// Images per class and size of the data set `ringtrain demo` trains on.
+const TRAIN_PER_CLASS: usize = 600;
+const VAL_PER_CLASS: usize = 60;
+const IMAGE_SIZE: u32 = 36;
+
+/// The demo's data set in `<out>/data` (train/ and val/), generated unless a stamp file says the
+/// same set (sizes and seed) is already there; returns that folder.
+pub fn ensure(out: &Path, seed: u64) -> Result<PathBuf> {
+    let data = out.join("data");
+    let stamp = data.join(format!(".demo-{TRAIN_PER_CLASS}x{VAL_PER_CLASS}-{IMAGE_SIZE}-{seed}"));
+    if stamp.exists() {
+        return Ok(data);
+    }
+    let t = std::time::Instant::now();
+    if data.exists() {
+        std::fs::remove_dir_all(&data)?;
+    }
+    generate(&data, TRAIN_PER_CLASS, VAL_PER_CLASS, IMAGE_SIZE, seed)?;
+    std::fs::write(&stamp, b"")?;
+    crate::say!(
+        "demo: wrote {} shape images ({} classes) to {} in {:.1}s",
+        (TRAIN_PER_CLASS + VAL_PER_CLASS) * CLASSES.len(),
+        CLASSES.len(),
+        data.display(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(data)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use crate::shim::CudaTimer;
 
 use super::process_group::{ProcessGroup, ReduceOp};
 
-/// PyTorch DDP's `bucket_cap_mb`.
+/// Gradient bytes per all-reduce bucket, in MB (`--bucket-mb`; PyTorch DDP's bucket_cap_mb).
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 
 crate::flag_enum! {

@@ -1,8 +1,10 @@
 //! Distribution on PyTorch's c10d: who am I (`env`), the process group (`process_group`), the
-//! data-parallel gradient exchange (`ddp`) and the built-in launcher (`launcher`).
+//! data-parallel gradient exchange (`ddp`), the built-in launcher (`launcher`) and the choice
+//! between launching, joining and running alone (`plan`).
 pub mod ddp;
 pub mod env;
 pub mod launcher;
+pub mod plan;
 pub mod process_group;
 
 use std::time::Duration;
@@ -12,7 +14,10 @@ use tch::Device;
 
 use crate::error::user_error;
 
-/// How a worker joins its job, resolved by the CLI.
+/// How long a collective or the rendezvous may take before it is an error (`--dist-timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// How a worker joins its job (`plan`).
 #[derive(Debug, Clone)]
 pub struct DistSetup {
     pub env: env::DistEnv,

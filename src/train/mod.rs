@@ -41,7 +41,7 @@ pub struct RunSummary {
 
 /// Trains as described by `cfg`: alone, or as one rank of a data-parallel job (`dist`).
 pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
-    cfg.validate()?;
+    cfg.preflight()?;
     let ctx = RankContext::new(cfg, dist)?;
     let data = TrainData::load(cfg, &ctx)?;
     let resume = Resume::find(cfg, &data.classes, ctx.world())?;

@@ -1,0 +1,474 @@
+//! The command line's arguments, as clap parses them. Every `train` option is a `TrainConfig`
+//! key: its flag is an `Option` here (only the flags given override a `--config` file) and its
+//! default, shown in the help, is `TrainConfig::default()`'s (`defaults.rs`).
+use std::path::PathBuf;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use serde::Serialize;
+
+use crate::config::{Metric, OptimizerKind, SchedKind};
+use crate::data::erasing::EraseMode;
+use crate::device::DeviceSpec;
+use crate::dist::ddp::{WirePrecision, DEFAULT_BUCKET_MB};
+use crate::dist::plan::DistOptions;
+use crate::model::ModelKind;
+use crate::train::amp::AmpMode;
+
+#[derive(Parser)]
+#[command(
+    name = "ringtrain",
+    about = "Train image classifiers on folders of images.",
+    disable_version_flag = true
+)]
+pub struct Cli {
+    /// Print ringtrain's version and those of libtorch, CUDA and cuDNN.
+    #[arg(short = 'V', long)]
+    pub version: bool,
+    /// Print errors only.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+impl Cli {
+    /// The command line as clap describes it, with the defaults of `train` and `demo` in their
+    /// help.
+    pub fn command_with_defaults() -> clap::Command {
+        super::defaults::show_defaults(Cli::command())
+    }
+
+    /// Parses the process's arguments (`--help` and usage errors come back as clap's errors).
+    pub fn parse_args() -> Result<Cli, clap::Error> {
+        let mut cmd = Cli::command_with_defaults();
+        let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+        Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
+    }
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Train a network on an ImageFolder directory (<dir>/<class>/<image>).
+    Train(TrainArgs),
+    /// Generate the built-in shapes data set and train on it: the quickest end-to-end check.
+    Demo(DemoArgs),
+    /// Evaluate a checkpoint on an ImageFolder directory: loss, top-1/5, per-class report,
+    /// confusion matrix (CSV and PNG), all metrics as JSON.
+    Eval(EvalArgs),
+    /// Predict the classes of images: files, flat folders, or ImageFolder trees (then with accuracy).
+    Predict(PredictArgs),
+    /// Measure the training step alone on synthetic data (optionally against PyTorch's).
+    Bench(BenchArgs),
+    /// Measure the input pipeline on an ImageFolder directory, alone or feeding the training
+    /// step (optionally against PyTorch's DataLoader).
+    BenchData(BenchDataArgs),
+    /// Split an ImageFolder tree into <dst>/train and <dst>/val, stratified per class.
+    Split(SplitArgs),
+    /// Exact per-channel mean and std over all pixels of a folder, as Normalize arguments.
+    Stats(StatsArgs),
+}
+
+#[derive(Args)]
+pub struct SplitArgs {
+    #[arg(long)]
+    pub src: PathBuf,
+    /// A new directory (never overwritten).
+    #[arg(long)]
+    pub dst: PathBuf,
+    #[arg(long, default_value_t = 0.2)]
+    pub val_ratio: f64,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Hard-link the files instead of copying them.
+    #[arg(long)]
+    pub link: bool,
+}
+
+#[derive(Args)]
+pub struct StatsArgs {
+    #[arg(long)]
+    pub data: PathBuf,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(long, default_value = "resnet50")]
+    pub model: ModelKind,
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    #[arg(long, default_value_t = 224)]
+    pub img_size: u32,
+    /// auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
+    #[arg(long, default_value = "auto")]
+    pub amp: AmpMode,
+    /// Timed steps after the warm-up.
+    #[arg(long, default_value_t = 50)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
+}
+
+/// What `bench` and `bench-data` share: where and how the step runs, and the PyTorch reference.
+#[derive(Args)]
+pub struct BenchRunArgs {
+    /// channels_last memory format [on for CUDA].
+    #[arg(long)]
+    pub channels_last: Option<bool>,
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceSpec,
+    /// Also run the PyTorch reference (bench/torch_step.py, bench/torch_loader.py) with the same
+    /// settings and print the ratio.
+    #[arg(long)]
+    pub vs_pytorch: bool,
+    /// Python with torch and torchvision for --vs-pytorch [$RINGTRAIN_PYTHON, else python3].
+    #[arg(long)]
+    pub python: Option<String>,
+}
+
+#[derive(Args)]
+pub struct BenchDataArgs {
+    /// Images in the ImageFolder layout.
+    #[arg(long)]
+    pub data: PathBuf,
+    #[arg(long, default_value_t = 224)]
+    pub img_size: u32,
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Data threads (PyTorch: DataLoader worker processes) [cores].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Passes over the data (the first batch is not timed).
+    #[arg(long, default_value_t = 2)]
+    pub epochs: usize,
+    /// Feed this model's training step (SGD) too, as training does.
+    #[arg(long)]
+    pub model: Option<ModelKind>,
+    /// With --model: auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
+    #[arg(long, default_value = "auto")]
+    pub amp: AmpMode,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// A checkpoint directory (e.g. runs/x/best).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Images in the ImageFolder layout, with the checkpoint's classes.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Where the report goes [<run>/eval-<checkpoint name>].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub infer: InferArgs,
+}
+
+/// How eval and predict run the model.
+#[derive(Args)]
+pub struct InferArgs {
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// auto | cpu | cuda | cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceSpec,
+    /// Data worker threads [available cores].
+    #[arg(long)]
+    pub workers: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct PredictArgs {
+    /// A checkpoint directory (e.g. runs/x/best).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Image files, flat folders or ImageFolder trees.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// CSV of the predictions.
+    #[arg(long, default_value = "predictions.csv")]
+    pub out: PathBuf,
+    /// Classes and probabilities listed per image.
+    #[arg(long, default_value_t = 5)]
+    pub topk: usize,
+    /// Also write each class's raw logit (columns logit_<class>), at full float precision.
+    #[arg(long)]
+    pub logits: bool,
+    #[command(flatten)]
+    pub infer: InferArgs,
+}
+
+/// How many processes, and how they meet (`dist::plan::DistOptions`).
+#[derive(Args, Default, Clone)]
+pub struct DistArgs {
+    /// Workers on this node [visible GPUs when training on CUDA, else 1].
+    #[arg(long)]
+    pub nproc_per_node: Option<usize>,
+    /// Nodes in the job (run the same command on each, with its --node-rank).
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of the node of rank 0 [127.0.0.1 on one node].
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// Rendezvous port on the master [a free port on one node, 29500 across nodes].
+    #[arg(long)]
+    pub master_port: Option<u16>,
+    /// CUDA devices for the local ranks, e.g. 1,3 (indices among the visible ones).
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Option<Vec<usize>>,
+    /// Seconds a collective or the rendezvous may take before it is an error.
+    #[arg(long, default_value_t = crate::dist::DEFAULT_TIMEOUT.as_secs())]
+    pub dist_timeout: u64,
+    /// Gradient all-reduce bucket size in MB.
+    #[arg(long, default_value_t = DEFAULT_BUCKET_MB)]
+    pub bucket_mb: f64,
+    /// All-reduce gradients in half precision: bf16 or fp16 (averaged in fp32).
+    #[arg(long)]
+    pub grad_compress: Option<WirePrecision>,
+}
+
+impl From<&DistArgs> for DistOptions {
+    fn from(a: &DistArgs) -> Self {
+        DistOptions {
+            nproc_per_node: a.nproc_per_node,
+            nnodes: a.nnodes,
+            node_rank: a.node_rank,
+            master_addr: a.master_addr.clone(),
+            master_port: a.master_port,
+            devices: a.devices.clone(),
+            timeout: std::time::Duration::from_secs(a.dist_timeout),
+            bucket_mb: a.bucket_mb,
+            grad_compress: a.grad_compress.unwrap_or(WirePrecision::Off),
+        }
+    }
+}
+
+/// Flags given on the command line; only those present override the config file. Each field is
+/// a `TrainConfig` key (tested), except the launch flags, `--config` and `--resume`.
+#[serde_with::skip_serializing_none]
+#[derive(Args, Serialize, Default)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    #[serde(skip)]
+    pub dist: DistArgs,
+    /// TOML file with any of the options below (flag names with '_' for '-').
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Training images: <dir>/<class>/<image>.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Validation images, same classes as --data.
+    #[arg(long)]
+    pub val: Option<PathBuf>,
+    /// Without --val, hold out this fraction of each class.
+    #[arg(long)]
+    pub val_split: Option<f64>,
+    /// Run directory: config, checkpoints, metrics.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[arg(long, help = ModelKind::names())]
+    pub model: Option<ModelKind>,
+    /// Training crop size in pixels.
+    #[arg(long)]
+    pub img_size: Option<u32>,
+    /// Evaluation resize before the centre crop.
+    #[arg(long)]
+    pub eval_resize: Option<u32>,
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerKind>,
+    /// Peak learning rate.
+    #[arg(long, allow_negative_numbers = true)]
+    pub lr: Option<f64>,
+    #[arg(long)]
+    pub momentum: Option<f64>,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub nesterov: Option<bool>,
+    #[arg(long, allow_negative_numbers = true)]
+    pub weight_decay: Option<f64>,
+    #[arg(long)]
+    pub label_smoothing: Option<f64>,
+    /// LR schedule after the warm-up.
+    #[arg(long, value_enum)]
+    pub sched: Option<SchedKind>,
+    #[arg(long)]
+    pub warmup_epochs: Option<f64>,
+    #[arg(long)]
+    pub eta_min: Option<f64>,
+    /// Cosine period in epochs.
+    #[arg(long)]
+    pub t_max: Option<f64>,
+    #[arg(long)]
+    pub step_size: Option<usize>,
+    #[arg(long)]
+    pub gamma: Option<f64>,
+    /// Clip gradients to this global L2 norm.
+    #[arg(long)]
+    pub clip_grad_norm: Option<f64>,
+    /// RandomResizedCrop area range, e.g. 0.25,1.
+    #[arg(long, value_delimiter = ',')]
+    pub crop_scale: Option<Vec<f64>>,
+    /// CIFAR-style training crop: Resize(img-size) + RandomCrop(img-size, padding=N), zero fill,
+    /// instead of RandomResizedCrop.
+    #[arg(long)]
+    pub crop_padding: Option<u32>,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub hflip: Option<bool>,
+    /// Normalisation mean per channel (ImageNet's by default).
+    #[arg(long, value_delimiter = ',')]
+    pub mean: Option<Vec<f64>>,
+    /// Normalisation std per channel (ImageNet's by default).
+    #[arg(long, value_delimiter = ',')]
+    pub std: Option<Vec<f64>>,
+    /// Data worker threads.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Batches prepared ahead of the training step.
+    #[arg(long)]
+    pub prefetch: Option<usize>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// auto | cpu | cuda | cuda:N.
+    #[arg(long)]
+    pub device: Option<DeviceSpec>,
+    /// Progress line every N steps, 0 for epoch summaries only.
+    #[arg(long)]
+    pub log_every: Option<usize>,
+    /// Mixed precision: auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
+    #[arg(long)]
+    pub amp: Option<AmpMode>,
+    /// Fixed fp16 loss scale (e.g. 1024) instead of dynamic scaling.
+    #[arg(long)]
+    pub loss_scale: Option<f64>,
+    /// channels_last memory format.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub channels_last: Option<bool>,
+    /// Replace the run already in --out (its checkpoints are lost).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub overwrite: Option<bool>,
+    /// Stop at the first unreadable image instead of skipping it with a warning.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub strict: Option<bool>,
+    /// Print and save (reports/epoch-NNNN.txt) the per-class report after every epoch.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub report_every_epoch: Option<bool>,
+    /// Synchronise BatchNorm statistics across ranks (SyncBatchNorm) when distributed.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub sync_bn: Option<bool>,
+    /// Fine-tune from a torchvision-named safetensors state_dict (the head is re-initialised
+    /// when the class count differs).
+    #[arg(long)]
+    pub pretrained: Option<PathBuf>,
+    /// Freeze parameters under these name prefixes, e.g. conv1,bn1,layer1.
+    #[arg(long, value_delimiter = ',')]
+    pub freeze: Option<Vec<String>>,
+    /// Learning rate of the classifier head as a multiple of --lr (e.g. 10).
+    #[arg(long)]
+    pub head_lr_mult: Option<f64>,
+    /// No weight decay on BatchNorm weights and biases.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub no_bn_weight_decay: Option<bool>,
+    /// Mixup alpha (timm's mixup_alpha, e.g. 0.8); 0 is off.
+    #[arg(long)]
+    pub mixup_alpha: Option<f64>,
+    /// CutMix alpha (timm's cutmix_alpha, e.g. 1.0); 0 is off.
+    #[arg(long)]
+    pub cutmix_alpha: Option<f64>,
+    /// Probability that a batch is mixed.
+    #[arg(long)]
+    pub mix_prob: Option<f64>,
+    /// With Mixup and CutMix both on: probability of CutMix.
+    #[arg(long)]
+    pub mix_switch_prob: Option<f64>,
+    /// RandomErasing probability per training image, e.g. 0.25.
+    #[arg(long)]
+    pub random_erasing: Option<f64>,
+    /// RandomErasing fill: const (the mean colour, torchvision's value=0) or pixel (timm's noise).
+    #[arg(long, value_enum)]
+    pub random_erasing_mode: Option<EraseMode>,
+    /// Multistep schedule: epochs at which the LR is multiplied by --gamma, e.g. 30,60,80.
+    #[arg(long, value_delimiter = ',')]
+    pub milestones: Option<Vec<usize>>,
+    /// From this epoch (1-based) on, keep the LR at --constant-lr.
+    #[arg(long)]
+    pub constant_lr_from_epoch: Option<usize>,
+    /// The LR from --constant-lr-from-epoch on.
+    #[arg(long)]
+    pub constant_lr: Option<f64>,
+    /// ReduceLROnPlateau (--sched plateau): the LR factor.
+    #[arg(long)]
+    pub plateau_factor: Option<f64>,
+    /// ReduceLROnPlateau: epochs without improvement before the LR drops.
+    #[arg(long)]
+    pub plateau_patience: Option<usize>,
+    /// ReduceLROnPlateau: relative improvement that counts.
+    #[arg(long)]
+    pub plateau_threshold: Option<f64>,
+    /// ReduceLROnPlateau: epochs to wait after a drop.
+    #[arg(long)]
+    pub plateau_cooldown: Option<usize>,
+    /// ReduceLROnPlateau: the LR's floor.
+    #[arg(long)]
+    pub min_lr: Option<f64>,
+    /// Metric that picks the best checkpoint and drives plateau and early stopping.
+    #[arg(long, value_enum)]
+    pub monitor: Option<Metric>,
+    /// Stop after this many epochs without improvement of --monitor.
+    #[arg(long)]
+    pub early_stop_patience: Option<usize>,
+    /// Exponential moving average of the weights with this decay (e.g. 0.9998), evaluated
+    /// each epoch and saved beside the model.
+    #[arg(long)]
+    pub ema: Option<f64>,
+    /// Micro-batches per optimizer step (effective batch = batch-size × accum-steps).
+    #[arg(long)]
+    pub accum_steps: Option<usize>,
+    /// Save last/ every N optimizer steps too, not only at epoch ends.
+    #[arg(long)]
+    pub save_every_steps: Option<usize>,
+    /// Keep the last N epochs' checkpoints as epoch-NNNN/.
+    #[arg(long)]
+    pub keep: Option<usize>,
+    /// Continue a run: `auto` (the --out run's last/ checkpoint, or a new run if there is none)
+    /// or a checkpoint directory. Model, optimizer, schedule, scaler, EMA and data position are
+    /// restored, mid-epoch included.
+    #[arg(long)]
+    #[serde(skip)]
+    pub resume: Option<String>,
+}
+
+/// The demo's flags; like `train`'s, only those given override its recipe (recipes/demo.toml).
+#[serde_with::skip_serializing_none]
+#[derive(Args, Serialize)]
+pub struct DemoArgs {
+    /// Run directory; the generated images go to <out>/data.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// auto | cpu | cuda | cuda:N.
+    #[arg(long)]
+    pub device: Option<DeviceSpec>,
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Seed of the generated images and of the training run.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// clap's usage error as one line: the error, its tip and possible values, without the usage
+/// block and the pointer to --help.
+pub fn one_line_usage_error(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,392 @@
+//! The command line: parses (`args`), then hands each command to the library and prints what it
+//! returns. Every `train` option can also come from a TOML file (`--config`); flags override the
+//! file, and the file the defaults (`TrainConfig::default()`, shown in the help by `defaults`).
+mod args;
+mod defaults;
+
+use anyhow::Result;
+
+use crate::bench::reference;
+use crate::config::{self, TrainConfig};
+use crate::data::demo;
+use crate::data::folder::ImageFolder;
+use crate::dist::launcher;
+use crate::dist::plan::{self, Plan};
+use crate::dist::process_group::nccl_available;
+use crate::error::{first_line, is_user_error, user_error};
+use crate::infer::evaluate::{self, EvaluateOptions};
+use crate::infer::predict::{self, PredictOptions};
+use crate::report::progress::warn_unreadable;
+use crate::say;
+use crate::shim;
+use args::{BenchArgs, BenchDataArgs, Cli, Command, DemoArgs, EvalArgs, PredictArgs, SplitArgs, StatsArgs, TrainArgs};
+
+fn dispatch(cli: Cli) -> Result<()> {
+    crate::report::progress::set_quiet(cli.quiet);
+    if cli.version {
+        println!("{}", version());
+        return Ok(());
+    }
+    match cli.command {
+        Some(Command::Train(args)) => train(&args),
+        Some(Command::Demo(args)) => demo(&args),
+        Some(Command::Eval(args)) => eval(&args),
+        Some(Command::Predict(args)) => predict(&args),
+        Some(Command::Bench(args)) => bench(&args),
+        Some(Command::BenchData(args)) => bench_data(&args),
+        Some(Command::Split(args)) => split(&args),
+        Some(Command::Stats(args)) => stats(&args),
+        None => Err(user_error("no command given; try `ringtrain --help`")),
+    }
+}
+
+/// defaults ← `--config` file ← the flags given.
+fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
+    let file = args.config.as_deref().map(config::read_toml).transpose()?;
+    let flags = toml::Table::try_from(args).map_err(|e| user_error(format!("invalid flags: {e}")))?;
+    let mut cfg = config::resolve(file, flags)?;
+    cfg.resume = args.resume.clone();
+    Ok(cfg)
+}
+
+fn train(args: &TrainArgs) -> Result<()> {
+    let cfg = train_config(args)?;
+    let dist = match plan::plan(&(&args.dist).into(), cfg.device, cfg.sync_bn)? {
+        Plan::Launch(spec) => {
+            cfg.preflight()?; // reject bad input once, before starting any worker
+            let argv: Vec<String> = std::env::args().skip(1).collect();
+            let code = launcher::launch(&spec, &argv)?;
+            return if code == 0 {
+                Ok(())
+            } else {
+                Err(anyhow::Error::new(ExitCode(code)))
+            };
+        }
+        Plan::Worker(d) => Some(d),
+        Plan::Single => None,
+    };
+    finish_run(crate::train::run(&cfg, dist.as_ref())?)
+}
+
+/// The demo's training settings; its flags override them, and it sets data and val to its data set.
+const DEMO_RECIPE: &str = include_str!("../../recipes/demo.toml");
+
+/// recipes/demo.toml over the defaults.
+fn demo_recipe() -> TrainConfig {
+    config::resolve(Some(recipe_table()), toml::Table::new()).expect("recipes/demo.toml is a valid config")
+}
+
+fn recipe_table() -> toml::Table {
+    DEMO_RECIPE.parse().expect("recipes/demo.toml is valid TOML")
+}
+
+/// The demo's recipe ← its flags given; the data set is the caller's to set.
+fn demo_config(args: &DemoArgs) -> Result<TrainConfig> {
+    let flags = toml::Table::try_from(args).map_err(|e| user_error(format!("invalid flags: {e}")))?;
+    let mut cfg = config::resolve(Some(recipe_table()), flags)?;
+    if cfg.epochs <= 1 {
+        cfg.warmup_epochs = 0.0; // a one-epoch check run: no warm-up to spend it in
+    }
+    Ok(cfg)
+}
+
+fn demo(args: &DemoArgs) -> Result<()> {
+    let mut cfg = demo_config(args)?;
+    let data = demo::ensure(&cfg.out, args.seed)?;
+    cfg.data = Some(data.join("train"));
+    cfg.val = Some(data.join("val"));
+    finish_run(crate::train::run(&cfg, None)?)
+}
+
+/// A training run's end on the command line: the report, or the exit code of the signal that
+/// stopped it (its checkpoint is saved).
+fn finish_run(summary: crate::train::RunSummary) -> Result<()> {
+    if let Some(sig) = summary.interrupted {
+        return Err(anyhow::Error::new(ExitCode(128 + sig)));
+    }
+    if let Some(r) = &summary.report {
+        say!(
+            "\nclassification report (best epoch {}):\n{}",
+            summary.best_epoch,
+            r.to_text()
+        );
+    }
+    Ok(())
+}
+
+/// Data worker threads: as given, else the available cores.
+fn workers(n: Option<usize>) -> usize {
+    n.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
+        .max(1)
+}
+
+fn eval(args: &EvalArgs) -> Result<()> {
+    let e = evaluate::evaluate(&EvaluateOptions {
+        checkpoint: args.checkpoint.clone(),
+        data: args.data.clone(),
+        out: args.out.clone(),
+        batch_size: args.infer.batch_size,
+        device: args.infer.device.resolve()?,
+        workers: workers(args.infer.workers),
+    })?;
+    let ev = &e.result;
+    for (p, why) in &ev.skipped {
+        warn_unreadable(p, why);
+    }
+    if let Some(report) = &e.report {
+        say!(
+            "{} images ({} skipped): loss {:.4}, top-1 {:.2}%, top-5 {:.2}%\n\n{}\nreport, metrics.json, confusion.csv and confusion.png in {}",
+            ev.targets.len(),
+            ev.skipped.len(),
+            ev.loss,
+            100.0 * ev.top1,
+            100.0 * ev.top5,
+            report.to_text(),
+            e.out.display()
+        );
+    }
+    Ok(())
+}
+
+fn predict(args: &PredictArgs) -> Result<()> {
+    let s = predict::predict(&PredictOptions {
+        checkpoint: args.checkpoint.clone(),
+        inputs: args.inputs.clone(),
+        out: args.out.clone(),
+        topk: args.topk,
+        logits: args.logits,
+        batch_size: args.infer.batch_size,
+        device: args.infer.device.resolve()?,
+        workers: workers(args.infer.workers),
+    })?;
+    for (p, e) in &s.skipped {
+        warn_unreadable(p, e);
+    }
+    const SHOWN: usize = 20;
+    let width = s
+        .predictions
+        .iter()
+        .take(SHOWN)
+        .map(|p| p.path.display().to_string().len())
+        .max()
+        .unwrap_or(4)
+        .min(70);
+    say!("{:<width$}  {:<24} {:>8}", "path", "predicted", "prob");
+    for p in s.predictions.iter().take(SHOWN) {
+        let path = p.path.display().to_string();
+        let path = if path.len() > width {
+            format!("...{}", &path[path.len() - width + 3..])
+        } else {
+            path
+        };
+        say!(
+            "{:<width$}  {:<24} {:>7.2}%",
+            path,
+            s.classes[p.top[0].0],
+            100.0 * p.top[0].1
+        );
+    }
+    if s.predictions.len() > SHOWN {
+        say!("... and {} more", s.predictions.len() - SHOWN);
+    }
+    let acc = s
+        .accuracy()
+        .map(|(a, n)| format!("; accuracy {:.2}% on {n} labelled images", 100.0 * a))
+        .unwrap_or_default();
+    say!(
+        "{} images predicted, {} skipped{acc}; CSV: {}",
+        s.predictions.len(),
+        s.skipped.len(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+fn bench(a: &BenchArgs) -> Result<()> {
+    let device = a.run.device.resolve()?;
+    reference::check_step_settings(a.batch_size, a.steps)?;
+    let (steps, window) = reference::timed_windows(a.steps);
+    let o = crate::bench::BenchOptions {
+        model: a.model,
+        batch_size: a.batch_size,
+        img_size: a.img_size,
+        amp: a.amp.autocast_kind(device)?,
+        channels_last: a.run.channels_last.unwrap_or(device.is_cuda()),
+        device,
+        steps,
+        warmup: a.warmup,
+        window,
+    };
+    let mem = |b: Option<u64>| {
+        b.map(|b| format!(", peak memory {:.2} GiB", b as f64 / (1u64 << 30) as f64))
+            .unwrap_or_default()
+    };
+    say!(
+        "{} batch {} at {}px, {:?}, amp {:?}, channels_last {}: {} timed steps in windows of {window}",
+        o.model,
+        o.batch_size,
+        o.img_size,
+        o.device,
+        o.amp,
+        o.channels_last,
+        o.steps
+    );
+    let ours = crate::bench::run(&o)?;
+    say!(
+        "ringtrain: {} img/s{}",
+        reference::rate(ours.images_per_s),
+        mem(ours.peak_memory_bytes)
+    );
+    if a.run.vs_pytorch {
+        let script = reference::script("torch_step.py")?;
+        let theirs = crate::bench::run_pytorch(&o, &reference::python(a.run.python.as_deref()), &script)?;
+        say!(
+            "pytorch:   {} img/s{}",
+            reference::rate(theirs.images_per_s),
+            mem(theirs.peak_memory_bytes)
+        );
+        say!(
+            "ratio ringtrain / pytorch: {:.3}",
+            ours.images_per_s / theirs.images_per_s
+        );
+    }
+    Ok(())
+}
+
+fn bench_data(a: &BenchDataArgs) -> Result<()> {
+    let device = a.run.device.resolve()?;
+    reference::check_data_settings(a.batch_size, a.epochs, a.img_size, a.workers)?;
+    let o = crate::bench::data::DataBenchOptions {
+        data: a.data.clone(),
+        img_size: a.img_size,
+        batch_size: a.batch_size,
+        workers: workers(a.workers),
+        epochs: a.epochs,
+        device,
+        model: a.model,
+        amp: a.amp.autocast_kind(device)?.filter(|_| a.model.is_some()),
+        channels_last: a.run.channels_last.unwrap_or(device.is_cuda()),
+    };
+    say!(
+        "{} at {}px, batch {}, {} workers, {} epochs, {:?}{}",
+        o.data.display(),
+        o.img_size,
+        o.batch_size,
+        o.workers,
+        o.epochs,
+        o.device,
+        o.model
+            .as_ref()
+            .map(|m| format!(", feeding {m} (amp {:?}, channels_last {})", o.amp, o.channels_last))
+            .unwrap_or_else(|| ", loader alone".into())
+    );
+    let ours = crate::bench::data::run(&o)?;
+    say!("ringtrain: {} img/s", reference::rate(ours));
+    if a.run.vs_pytorch {
+        let script = reference::script("torch_loader.py")?;
+        let theirs = crate::bench::data::run_pytorch(&o, &reference::python(a.run.python.as_deref()), &script)?;
+        say!("pytorch:   {} img/s", reference::rate(theirs));
+        say!("ratio ringtrain / pytorch: {:.3}", ours / theirs);
+    }
+    Ok(())
+}
+
+fn split(a: &SplitArgs) -> Result<()> {
+    let counts = crate::data::split::split(&a.src, &a.dst, a.val_ratio, a.seed, a.link)?;
+    for (class, train, val) in &counts.per_class {
+        say!("{class:<28} train {train:>6}  val {val:>6}");
+    }
+    let (t, v) = counts.per_class.iter().fold((0, 0), |(t, v), c| (t + c.1, v + c.2));
+    say!("{t} train and {v} val images in {}", a.dst.display());
+    Ok(())
+}
+
+fn stats(a: &StatsArgs) -> Result<()> {
+    let s = crate::data::stats::pixel_stats(&ImageFolder::scan(&a.data, "--data")?)?;
+    for (p, e) in &s.unreadable {
+        warn_unreadable(p, e);
+    }
+    let f = |v: [f64; 3]| format!("{:.6},{:.6},{:.6}", v[0], v[1], v[2]);
+    say!(
+        "{} images, {} pixels ({} unreadable skipped)",
+        s.images,
+        s.pixels,
+        s.unreadable.len()
+    );
+    say!("mean {}\nstd  {}", f(s.mean), f(s.std));
+    say!("ringtrain train ... --mean {} --std {}", f(s.mean), f(s.std));
+    say!(
+        "transforms.Normalize(mean=[{}], std=[{}])",
+        f(s.mean).replace(',', ", "),
+        f(s.std).replace(',', ", ")
+    );
+    Ok(())
+}
+
+fn version() -> String {
+    let mut s = format!(
+        "ringtrain {}\nlibtorch {}",
+        env!("CARGO_PKG_VERSION"),
+        shim::torch_version()
+    );
+    let yes_no = |b: bool| if b { "yes" } else { "no" };
+    s += &format!(
+        "\nbuilt with: CUDA {}, NCCL {}",
+        yes_no(shim::built_with_cuda()),
+        yes_no(nccl_available())
+    );
+    match shim::cuda_version() {
+        Some(v) => s += &format!("\nCUDA {v} ({} device(s) visible)", tch::Cuda::device_count()),
+        None => s += "\nCUDA not available",
+    }
+    if let Some(v) = shim::cudnn_version() {
+        s += &format!("\ncuDNN {v}");
+    }
+    s
+}
+
+/// The launcher's exit code, passed through `main` without another message.
+#[derive(Debug)]
+struct ExitCode(i32);
+
+impl std::fmt::Display for ExitCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "workers failed (exit code {})", self.0)
+    }
+}
+
+impl std::error::Error for ExitCode {}
+
+/// Runs the CLI; returns the process exit code (2 for user mistakes, 1 for other failures).
+pub fn main() -> i32 {
+    // A file-size limit (ulimit -f) then fails the write with EFBIG, which ends in a clear error
+    // with the previous checkpoint intact, instead of killing the process with SIGXFSZ.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // A bug still ends in one line that says where, not a backtrace (RUST_BACKTRACE=1 shows it).
+    if std::env::var_os("RUST_BACKTRACE").is_none() {
+        crate::error::report_panics_in_one_line();
+    }
+    let cli = match Cli::parse_args() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprintln!("{}", args::one_line_usage_error(&e.to_string()));
+            return 2;
+        }
+        Err(e) => e.exit(), // --help
+    };
+    if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() {
+        shim::set_torch_log_level(3);
+    }
+    match dispatch(cli) {
+        Ok(()) => 0,
+        Err(e) if e.is::<ExitCode>() => e.downcast_ref::<ExitCode>().map(|c| c.0).unwrap_or(1),
+        Err(e) if is_user_error(&e) => {
+            eprintln!("error: {e}");
+            2
+        }
+        Err(e) => {
+            eprintln!("error: {}", first_line(&format!("{e:#}")));
+            1
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! `ringtrain eval`: a checkpoint on an ImageFolder tree of its classes, with the training run's
+//! own evaluation loop; the report, metrics.json and confusion matrix go beside the checkpoint.
+//! Under torchrun, srun or mpirun each rank evaluates its shard; the counts are combined so every
+//! image counts exactly once, and rank 0 writes the report.
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use tch::Device;
+
+use crate::bail_user;
+use crate::data::folder::ImageFolder;
+use crate::data::loader::{Loader, LoaderOptions, Shard};
+use crate::data::transform::Transform;
+use crate::data::Normalizer;
+use crate::dist::env as dist_env;
+use crate::dist::process_group::ProcessGroup;
+use crate::report::classification::ClassificationReport;
+use crate::report::write_evaluation;
+use crate::train::checkpoint;
+use crate::train::eval::EvalResult;
+
+pub struct EvaluateOptions {
+    /// A checkpoint directory (e.g. runs/x/best).
+    pub checkpoint: PathBuf,
+    /// Images in the ImageFolder layout, with the checkpoint's classes.
+    pub data: PathBuf,
+    /// Where the report goes; None: `<run>/eval-<checkpoint name>`.
+    pub out: Option<PathBuf>,
+    pub batch_size: usize,
+    pub device: Device,
+    pub workers: usize,
+}
+
+pub struct Evaluation {
+    /// This rank's view: loss and accuracies over all ranks, the images it could not read.
+    pub result: EvalResult,
+    /// The report as written (rank 0 only; the other ranks write nothing).
+    pub report: Option<ClassificationReport>,
+    /// The report's directory.
+    pub out: PathBuf,
+}
+
+pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
+    if o.batch_size == 0 {
+        bail_user!("--batch-size must be at least 1");
+    }
+    let pg = match dist_env::from_process_env()? {
+        Some(e) => crate::dist::join(&e, o.device, crate::dist::DEFAULT_TIMEOUT)?,
+        None => ProcessGroup::single(o.device),
+    };
+    let device = pg.device;
+    let is_main = pg.is_main();
+    if !is_main {
+        crate::report::progress::set_quiet(true);
+    }
+    let (model, state) = checkpoint::load(&o.checkpoint, device)?;
+    let folder = ImageFolder::scan(&o.data, "--data")?;
+    if folder.classes != state.classes {
+        bail_user!(
+            "--data {} has classes {:?}, the checkpoint was trained on {:?}",
+            o.data.display(),
+            folder.classes,
+            state.classes
+        );
+    }
+    let normalize = Normalizer::new(state.mean3(), state.std3(), device);
+    let loader = Loader::new(
+        folder.samples,
+        Transform::Eval {
+            size: state.img_size,
+            resize: state.eval_resize,
+        },
+        LoaderOptions {
+            shard: pg.is_distributed().then_some(Shard {
+                rank: pg.rank,
+                world: pg.world_size,
+                pad: false,
+            }),
+            ..LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize)
+        },
+    )?;
+    let result = crate::train::eval::evaluate(&model, &loader, &normalize, &pg)?;
+    let out = o.out.clone().unwrap_or_else(|| default_out(&o.checkpoint));
+    let report = match is_main {
+        true => {
+            let title = format!("{} — {}", state.model, o.data.display());
+            Some(write_evaluation(&out, &state.classes, &result, &title)?)
+        }
+        false => None,
+    };
+    Ok(Evaluation { result, report, out })
+}
+
+/// `<run>/eval-<checkpoint name>`: beside the checkpoint, named after it.
+fn default_out(checkpoint: &Path) -> PathBuf {
+    let name = checkpoint
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "checkpoint".into());
+    checkpoint
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(format!("eval-{name}"))
+}
