@@ -114,3 +114,69 @@ fn flags_in_the_option_tables_exist() {
         assert!(all_help.contains(&format!("{f} ")) || all_help.contains(&format!("{f}\n")), "no command has {f}");
     }
 }
+
+/// The `[default: ...]` text of `flag` in a command's help, if it shows one.
+fn help_default(help: &str, flag: &str) -> Option<String> {
+    let is_option_line = |l: &str| l.starts_with("  -") || l.starts_with("      --");
+    let mut lines = help.lines().skip_while(|l| !(is_option_line(l) && l.contains(&format!("{flag} "))));
+    let head = lines.next()?;
+    let block: String = std::iter::once(head).chain(lines.take_while(|l| !is_option_line(l))).collect();
+    let start = block.find("[default: ")? + "[default: ".len();
+    let len = block[start..].find(']')?;
+    Some(block[start..start + len].to_string())
+}
+
+/// Whether the guide's default cell says what the help's `[default: ...]` says: the same number
+/// or numbers, the same literal, or (for words) the help's text contains the guide's.
+fn same_default(guide: &str, help: &str) -> bool {
+    let numbers = |s: &str| s.split(',').map(|x| x.trim().parse::<f64>()).collect::<Result<Vec<_>, _>>();
+    if let (Ok(a), Ok(b)) = (numbers(guide), numbers(help)) {
+        return a == b;
+    }
+    match guide {
+        "off" => ["false", "none", "off"].iter().any(|w| help.starts_with(w)),
+        "—" => help.starts_with("none"),
+        _ => help.contains(guide),
+    }
+}
+
+#[test]
+fn the_guides_defaults_are_the_defaults_the_help_shows() {
+    let mut cache = HashMap::new();
+    let mut checked = 0;
+    for doc in doc_files() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        let mut in_table = false;
+        for line in text.lines() {
+            if line.starts_with("| flag | default |") {
+                in_table = true;
+                continue;
+            }
+            in_table &= line.starts_with('|');
+            if !in_table || !line.starts_with("| `--") {
+                continue;
+            }
+            // `\|` inside a cell is a literal bar (`--resume auto\|DIR`), not a cell boundary.
+            let line = line.replace("\\|", "/");
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let flags: Vec<&str> = cells[1]
+                .split('`')
+                .filter(|p| p.starts_with("--"))
+                .map(|p| p.split_whitespace().next().unwrap())
+                .collect();
+            // One default per flag, in the same order; a single flag's default may hold commas.
+            let defaults: Vec<&str> = if flags.len() == 1 { vec![cells[2]] } else { cells[2].split(", ").collect() };
+            assert_eq!(flags.len(), defaults.len(), "{}: {line}", doc.display());
+            for (flag, guide) in flags.iter().zip(&defaults) {
+                let guide = guide.trim_matches('`');
+                let help = COMMANDS
+                    .iter()
+                    .find_map(|c| help_default(&help(c, &mut cache), flag))
+                    .unwrap_or_else(|| panic!("{flag}: no command's help shows a default ({})", doc.display()));
+                assert!(same_default(guide, &help), "{flag}: {} says {guide:?}, --help says {help:?}", doc.display());
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 45, "only {checked} defaults compared");
+}

@@ -204,7 +204,7 @@ pub struct PredictArgs {
 /// How many processes, and how they meet (`dist::plan::DistOptions`).
 #[derive(Args, Default, Clone)]
 pub struct DistArgs {
-    /// Workers on this node [visible GPUs when training on CUDA, else 1].
+    /// Workers on this node [default: visible GPUs on CUDA, else 1].
     #[arg(long)]
     pub nproc_per_node: Option<usize>,
     /// Nodes in the job (run the same command on each, with its --node-rank).
@@ -212,13 +212,14 @@ pub struct DistArgs {
     pub nnodes: usize,
     #[arg(long, default_value_t = 0)]
     pub node_rank: usize,
-    /// Address of the node of rank 0 [127.0.0.1 on one node].
+    /// Address of the node of rank 0 [default: 127.0.0.1 on one node].
     #[arg(long)]
     pub master_addr: Option<String>,
-    /// Rendezvous port on the master [a free port on one node, 29500 across nodes].
+    /// Rendezvous port on the master [default: a free port (29500 across nodes)].
     #[arg(long)]
     pub master_port: Option<u16>,
-    /// CUDA devices for the local ranks, e.g. 1,3 (indices among the visible ones).
+    /// CUDA devices for the local ranks, e.g. 1,3 (indices among the visible ones) [default: local rank = GPU
+    /// index].
     #[arg(long, value_delimiter = ',')]
     pub devices: Option<Vec<usize>>,
     /// Seconds a collective or the rendezvous may take before it is an error.
@@ -228,8 +229,8 @@ pub struct DistArgs {
     #[arg(long, default_value_t = DEFAULT_BUCKET_MB)]
     pub bucket_mb: f64,
     /// All-reduce gradients in half precision: bf16 or fp16 (averaged in fp32).
-    #[arg(long)]
-    pub grad_compress: Option<WirePrecision>,
+    #[arg(long, default_value_t = WirePrecision::Off)]
+    pub grad_compress: WirePrecision,
 }
 
 impl From<&DistArgs> for DistOptions {
@@ -243,7 +244,7 @@ impl From<&DistArgs> for DistOptions {
             devices: a.devices.clone(),
             timeout: std::time::Duration::from_secs(a.dist_timeout),
             bucket_mb: a.bucket_mb,
-            grad_compress: a.grad_compress.unwrap_or(WirePrecision::Off),
+            grad_compress: a.grad_compress,
         }
     }
 }
@@ -256,7 +257,7 @@ pub struct TrainArgs {
     #[command(flatten)]
     #[serde(skip)]
     pub dist: DistArgs,
-    /// TOML file with any of the options below (flag names with '_' for '-').
+    /// TOML file with any of the options below (flag names with '_' for '-') [default: none].
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
@@ -440,7 +441,7 @@ pub struct TrainArgs {
     pub keep: Option<usize>,
     /// Continue a run: `auto` (the --out run's last/ checkpoint, or a new run if there is none)
     /// or a checkpoint directory. Model, optimizer, schedule, scaler, EMA and data position are
-    /// restored, mid-epoch included.
+    /// restored, mid-epoch included. [default: none: a new run]
     #[arg(long)]
     #[serde(skip)]
     pub resume: Option<String>,

@@ -130,14 +130,14 @@ fn eval(args: &EvalArgs) -> Result<()> {
         workers: workers(args.infer.workers),
     })?;
     let ev = &e.result;
-    for (p, why) in &ev.skipped {
+    for (p, why) in &ev.unreadable {
         warn_unreadable(p, why);
     }
     if let Some(report) = &e.report {
         say!(
-            "{} images ({} skipped): loss {:.4}, top-1 {:.2}%, top-5 {:.2}%\n\n{}\nreport, metrics.json, confusion.csv and confusion.png in {}",
+            "{} images ({} unreadable): loss {:.4}, top-1 {:.2}%, top-5 {:.2}%\n\n{}\nreport, metrics.json, confusion.csv and confusion.png in {}",
             ev.targets.len(),
-            ev.skipped.len(),
+            ev.unreadable.len(),
             ev.loss,
             100.0 * ev.top1,
             100.0 * ev.top5,
@@ -159,7 +159,7 @@ fn predict(args: &PredictArgs) -> Result<()> {
         device: args.infer.device.resolve()?,
         workers: workers(args.infer.workers),
     })?;
-    for (p, e) in &s.skipped {
+    for (p, e) in &s.unreadable {
         warn_unreadable(p, e);
     }
     const SHOWN: usize = 20;
@@ -194,9 +194,9 @@ fn predict(args: &PredictArgs) -> Result<()> {
         .map(|(a, n)| format!("; accuracy {:.2}% on {n} labelled images", 100.0 * a))
         .unwrap_or_default();
     say!(
-        "{} images predicted, {} skipped{acc}; CSV: {}",
+        "{} images predicted, {} unreadable{acc}; CSV: {}",
         s.predictions.len(),
-        s.skipped.len(),
+        s.unreadable.len(),
         args.out.display()
     );
     Ok(())
@@ -308,7 +308,7 @@ fn stats(a: &StatsArgs) -> Result<()> {
     }
     let f = |v: [f64; 3]| format!("{:.6},{:.6},{:.6}", v[0], v[1], v[2]);
     say!(
-        "{} images, {} pixels ({} unreadable skipped)",
+        "{} images, {} pixels ({} unreadable)",
         s.images,
         s.pixels,
         s.unreadable.len()

@@ -27,7 +27,7 @@ pub struct Batch {
     /// Sample indices of the images, in batch order.
     pub indices: Vec<usize>,
     /// Samples of this batch that could not be read (only with `skip_unreadable`): path, reason.
-    pub skipped: Vec<(PathBuf, String)>,
+    pub unreadable: Vec<(PathBuf, String)>,
 }
 
 pub struct Loader {
@@ -64,7 +64,7 @@ pub struct LoaderOptions {
     pub seed: u64,
     pub workers: usize,
     pub prefetch: usize,
-    /// Leave out (and report in `Batch::skipped`) images that fail to decode, instead of failing.
+    /// Leave out (and report in `Batch::unreadable`) images that fail to decode, instead of failing.
     pub skip_unreadable: bool,
     /// Under data parallelism: this rank's shard.
     pub shard: Option<Shard>,
@@ -304,7 +304,7 @@ impl BatchJob<'_> {
             Some(h) if h.channels_last => images.permute([0, 3, 1, 2]),
             _ => images,
         };
-        let (mut kept, mut kept_rows, mut skipped) = (Vec::with_capacity(n), Vec::new(), Vec::new());
+        let (mut kept, mut kept_rows, mut unreadable) = (Vec::with_capacity(n), Vec::new(), Vec::new());
         for (row, (&i, r)) in indices.iter().zip(results).enumerate() {
             match r {
                 Ok(()) => {
@@ -312,11 +312,11 @@ impl BatchJob<'_> {
                     kept_rows.push(row as i64);
                 }
                 // The path goes with the warning; the reason is the decoder's own words.
-                Err(e) if self.skip_unreadable => skipped.push((self.samples[i].0.clone(), e.root_cause().to_string())),
+                Err(e) if self.skip_unreadable => unreadable.push((self.samples[i].0.clone(), e.root_cause().to_string())),
                 Err(e) => return Err(e),
             }
         }
-        let images = if skipped.is_empty() {
+        let images = if unreadable.is_empty() {
             images
         } else {
             images.index_select(0, &Tensor::from_slice(&kept_rows))
@@ -328,7 +328,7 @@ impl BatchJob<'_> {
             images,
             labels: pinned_labels,
             indices: kept,
-            skipped,
+            unreadable,
         })
     }
 
@@ -490,8 +490,8 @@ mod tests {
         let b = l.epoch(0).next().unwrap().unwrap();
         assert_eq!(b.indices, vec![0, 2, 3, 4, 5, 6]);
         assert_eq!(b.images.size(), vec![6, 8, 8, 3]);
-        assert_eq!(b.skipped.len(), 1);
-        assert_eq!(b.skipped[0].0, bad);
+        assert_eq!(b.unreadable.len(), 1);
+        assert_eq!(b.unreadable[0].0, bad);
         let l = Loader::new(samples, t, opts(false)).unwrap();
         let e = format!("{:#}", l.epoch(0).next().unwrap().err().unwrap());
         assert!(e.contains("bad.png"), "{e}");

@@ -36,6 +36,13 @@ crate::flag_enum! {
     }
 }
 
+/// Gradients travel in fp32 unless `--grad-compress` says otherwise.
+impl Default for WirePrecision {
+    fn default() -> Self {
+        WirePrecision::Off
+    }
+}
+
 impl WirePrecision {
     /// The dtype on the wire; None for fp32.
     pub fn kind(self) -> Option<Kind> {

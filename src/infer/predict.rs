@@ -101,7 +101,7 @@ pub struct Prediction {
 
 pub struct PredictSummary {
     pub predictions: Vec<Prediction>,
-    pub skipped: Vec<(PathBuf, String)>,
+    pub unreadable: Vec<(PathBuf, String)>,
     pub classes: Vec<String>,
 }
 
@@ -133,11 +133,11 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
         LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize),
     )?;
     let k = o.topk.min(state.classes.len());
-    let (mut predictions, mut skipped) = (Vec::new(), Vec::new());
+    let (mut predictions, mut unreadable) = (Vec::new(), Vec::new());
     tch::no_grad(|| -> Result<()> {
         for batch in loader.epoch(0) {
             let mut batch = batch?;
-            skipped.append(&mut batch.skipped);
+            unreadable.append(&mut batch.unreadable);
             if batch.indices.is_empty() {
                 continue;
             }
@@ -166,7 +166,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
     })?;
     let summary = PredictSummary {
         predictions,
-        skipped,
+        unreadable,
         classes: state.classes,
     };
     write_csv(&o.out, &summary, k)?;

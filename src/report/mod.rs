@@ -26,7 +26,7 @@ pub fn write_evaluation(dir: &Path, classes: &[String], ev: &EvalResult, title: 
         "top1": ev.top1,
         "top5": ev.top5,
         "images": ev.targets.len(),
-        "skipped": ev.skipped.iter().map(|(p, e)| json!({"path": p, "error": e})).collect::<Vec<_>>(),
+        "unreadable": ev.unreadable.iter().map(|(p, e)| json!({"path": p, "error": e})).collect::<Vec<_>>(),
         "classification_report": report.to_sklearn_json(),
         "confusion_matrix": report.confusion,
         "classes": classes,

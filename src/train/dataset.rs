@@ -151,8 +151,8 @@ impl TrainData {
             .zip(first..)
             .map(move |(batch, micro)| {
                 let batch = batch?;
-                let unreadable = batch.skipped.len();
-                self.warn_once(&batch.skipped);
+                let unreadable = batch.unreadable.len();
+                self.warn_once(&batch.unreadable);
                 let want = self.rank_batch.min(self.train.shard_len() - micro * self.rank_batch);
                 let batch = refill(batch, want)?;
                 Ok(TrainBatch {
@@ -179,13 +179,13 @@ impl TrainData {
 
     fn evaluate(&self, model: &crate::model::Model, t: &Trainer) -> Result<EvalResult> {
         let ev = evaluate(model, &self.val, &self.normalize, t.pg())?;
-        self.warn_once(&ev.skipped);
+        self.warn_once(&ev.unreadable);
         Ok(ev)
     }
 
-    fn warn_once(&self, skipped: &[(PathBuf, String)]) {
+    fn warn_once(&self, unreadable: &[(PathBuf, String)]) {
         let mut warned = self.warned.borrow_mut();
-        for (p, e) in skipped {
+        for (p, e) in unreadable {
             if warned.insert(p.clone()) {
                 warn_unreadable(p, e);
             }
@@ -210,7 +210,7 @@ fn refill(batch: Batch, want: usize) -> Result<Batch> {
         images: batch.images.index_select(0, &idx),
         labels: batch.labels.index_select(0, &idx),
         indices: pick.iter().map(|&j| batch.indices[j as usize]).collect(),
-        skipped: batch.skipped,
+        unreadable: batch.unreadable,
     })
 }
 

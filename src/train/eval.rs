@@ -17,8 +17,10 @@ pub struct EvalResult {
     pub top5: f64,
     pub targets: Vec<i64>,
     pub preds: Vec<i64>,
-    /// Images that could not be read (path, reason); not counted anywhere above.
-    pub skipped: Vec<(std::path::PathBuf, String)>,
+    /// Images that could not be read (path, reason); not counted anywhere above. (Checkpoints
+    /// written before the rename name it `skipped`.)
+    #[serde(alias = "skipped")]
+    pub unreadable: Vec<(std::path::PathBuf, String)>,
 }
 
 /// Evaluates this process's shard of `loader`; the sums and every prediction are combined over
@@ -32,11 +34,11 @@ pub fn evaluate(
 ) -> Result<EvalResult> {
     let mut loss_sum: Option<Tensor> = None;
     let mut top5_sum: Option<Tensor> = None;
-    let (mut targets, mut preds, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut targets, mut preds, mut unreadable) = (Vec::new(), Vec::new(), Vec::new());
     tch::no_grad(|| -> Result<()> {
         for batch in loader.epoch(0) {
             let mut batch = batch?;
-            skipped.append(&mut batch.skipped);
+            unreadable.append(&mut batch.unreadable);
             if batch.indices.is_empty() {
                 continue;
             }
@@ -73,6 +75,6 @@ pub fn evaluate(
         top5: top5 / n,
         targets,
         preds,
-        skipped,
+        unreadable,
     })
 }

@@ -133,7 +133,7 @@ impl Reporter {
         let row = state.history.last().expect("the epoch is recorded");
         let (best_epoch, best_metric) = state.best.expect("set at the first epoch");
         let ev = &val.model;
-        let unreadable = train.unreadable + ev.skipped.len();
+        let unreadable = train.unreadable + ev.unreadable.len();
         if let Some(tb) = self.tb.as_mut() {
             let e = row.epoch as i64;
             for (tag, v) in [
