@@ -7,9 +7,15 @@ use std::collections::HashMap;
 
 use tch::{Device, Tensor};
 
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b).abs().max().double_value(&[])
-}
+// Our average and torch's are the same element-wise arithmetic (lerp) on the same states, so they
+// agree to a few units in the last place: which elements take the vectorised path (with fused
+// multiply-adds) and which the scalar one can depend on the CPU and the number of threads. Each
+// tensor's largest difference, relative to its largest value: measured 0 on one AVX-512 machine
+// at its defaults and with ATen limited to no vectorisation, AVX2 and AVX-512 (and with oneDNN
+// limited, which it does not use); bound at about 8 units in the last place. The lag of the
+// average behind the weights, which a wrong decay or step count changes, is ≥ 0.21 on that scale.
+const SAME: f64 = 1e-6;
+const LAG: f64 = 2e-2;
 
 #[test]
 fn ema_matches_torch_averaged_model() {
@@ -57,18 +63,35 @@ fn ema_matches_torch_averaged_model() {
     let ours = ema.model.state_dict();
     // The weights moved, so the average lags behind them (the test is not vacuous).
     let now = m.state_dict();
-    assert!(max_diff(&ours["fc.weight"], &now["fc.weight"]) > 1e-3);
-    assert!(max_diff(&ours["bn1.running_var"], &now["bn1.running_var"]) > 1e-3);
-    let mut compared = 0;
+    for name in ["fc.weight", "bn1.running_var"] {
+        let lag = common::rel_max_diff(&now[name], &ours[name]);
+        eprintln!("{name}: the average lags {lag:.1e} behind the weights");
+        assert!(
+            lag >= LAG,
+            "{name}: the average lags only {lag:.1e} behind the weights (must exceed {LAG})"
+        );
+    }
+    let (mut compared, mut worst) = (0, (0.0f64, String::new()));
     for (name, want) in &theirs {
         // torch averages num_batches_tracked as an integer (truncating); we carry the count.
         if name.ends_with("num_batches_tracked") {
             continue;
         }
-        let d = max_diff(&ours[name], want);
-        assert!(d <= 1e-6, "EMA {name} differs from torch's AveragedModel by {d}");
+        let r = common::rel_max_diff(&ours[name], want);
+        assert!(
+            r <= SAME,
+            "EMA {name} differs from torch's AveragedModel by {r:.1e} of its largest value (bound {SAME}; max abs {:.1e})",
+            common::max_abs_diff(&ours[name], want)
+        );
+        if r >= worst.0 {
+            worst = (r, name.clone());
+        }
         compared += 1;
     }
+    eprintln!(
+        "EMA vs torch's AveragedModel: at most {:.1e} of the tensor's largest value ({})",
+        worst.0, worst.1
+    );
     assert_eq!(
         compared,
         ours.len() - 20,

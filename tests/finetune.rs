@@ -179,8 +179,19 @@ fn pytorch_loads_ringtrains_weights_and_gets_predicts_logits() {
     ]))
     .unwrap();
     assert_eq!(r["images"], 18, "{r}");
-    let diff = r["max_abs_diff"].as_f64().unwrap();
-    assert!(diff <= 1e-4, "logits differ by {diff} ({r})");
     // A model whose logits are all ~0 would pass trivially: they are not.
-    assert!(r["logit_scale"].as_f64().unwrap() > 0.1, "{r}");
+    let scale = r["logit_scale"].as_f64().unwrap();
+    assert!(scale > 0.1, "{r}");
+    // Relative to the largest of torchvision's logits: the two sides prepare the pixels with other
+    // operations (a unit in the last place apart) and their convolutions can take different
+    // kernels (and summation orders) on different CPUs. Measured on one AVX-512 machine at its
+    // defaults, with oneDNN limited to SSE4.1, AVX2 and AVX-512 and with ATen limited to no
+    // vectorisation, AVX2 and AVX-512: ≤ 2.9e-7.
+    const SAME: f64 = 3e-6;
+    let rel = r["max_abs_diff"].as_f64().unwrap() / scale;
+    eprintln!("logits of predict vs torchvision: {rel:.1e} of the largest logit");
+    assert!(
+        rel <= SAME,
+        "logits differ by {rel:.1e} of the largest logit (bound {SAME}): {r}"
+    );
 }

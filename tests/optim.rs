@@ -90,9 +90,8 @@ fn leaf_params(init: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
         .collect()
 }
 
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b).abs().max().double_value(&[])
-}
+/// The bound on our optimizers against torch's for-loop implementations, relative (see below).
+const FORLOOP: f64 = 5e-6;
 
 #[test]
 fn optimizers_match_torch_optim_and_survive_a_state_round_trip() {
@@ -135,7 +134,13 @@ fn optimizers_match_torch_optim_and_survive_a_state_round_trip() {
                 ),
             ])
             .collect();
-        for (implementation, tol) in [("fused", 0.0), ("forloop", 2e-6)] {
+        // torch's fused kernels are the ones ours call, on the same floats: equal, bit for bit.
+        // Its for-loop implementation does the same arithmetic in other operations and another
+        // order: equal up to rounding, relative to the size of what is compared (a parameter's
+        // change from its initial value, a state tensor's or the scaler's value). Measured on one
+        // AVX-512 machine at its defaults and with ATen limited to no vectorisation, AVX2 and
+        // AVX-512: ≤ 7.8e-7 (Adam, ATen without vectorisation; 5.6e-7 elsewhere), fused exact.
+        for (implementation, bound) in [("fused", 0.0), ("forloop", FORLOOP)] {
             let out = dir.path().join(format!("{kind}-{implementation}.safetensors"));
             common::run_python(&[
                 "optimizer",
@@ -145,13 +150,32 @@ fn optimizers_match_torch_optim_and_survive_a_state_round_trip() {
                 implementation,
             ]);
             let theirs: HashMap<String, Tensor> = Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+            let mut worst = (0.0f64, String::new());
             for (name, want) in &theirs {
                 let got = ours
                     .get(name)
                     .unwrap_or_else(|| panic!("{kind}: no {name} in our parameters or state"));
-                let d = max_diff(&got.to_kind(Kind::Float), want);
-                assert!(d <= tol, "{kind} vs torch {implementation}: {name} differs by {d}");
+                let start = init
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or_else(|| want.zeros_like(), |(_, t)| t.shallow_clone());
+                let (d, size) = (
+                    common::max_abs_diff(&got.to_kind(Kind::Float), want),
+                    common::max_abs_diff(want, &start),
+                );
+                let r = if d == 0.0 { 0.0 } else { d / size };
+                assert!(
+                    r <= bound,
+                    "{kind} vs torch {implementation}: {name} differs by {r:.1e} of its size {size:.1e} (bound {bound:e})"
+                );
+                if r >= worst.0 {
+                    worst = (r, name.clone());
+                }
             }
+            eprintln!(
+                "{kind} vs torch {implementation}: at most {:.1e} ({})",
+                worst.0, worst.1
+            );
             // Our state holds nothing torch lacks, except SGD's buffers, which torch creates lazily.
             for name in ours.keys() {
                 assert!(theirs.contains_key(name), "{kind}: torch has no {name}");

@@ -230,7 +230,18 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     assert_eq!(m2["images"], 723);
     assert_eq!(m2["confusion_matrix"], metrics["confusion_matrix"]);
     assert!((m2["top1"].as_f64().unwrap() - eval_top1).abs() < 1e-12);
-    assert!((m2["loss"].as_f64().unwrap() - metrics["loss"].as_f64().unwrap()).abs() < 1e-5);
+    // The loss, from the same weights over other batches (whose kernels and summation order can
+    // differ by CPU), relative to the loss. Measured on one AVX-512 machine at its defaults, with
+    // oneDNN limited to SSE4.1, AVX2 and AVX-512 and with ATen limited to no vectorisation, AVX2
+    // and AVX-512: ≤ 3.0e-8.
+    const SAME: f64 = 1e-6;
+    let (loss, loss2) = (metrics["loss"].as_f64().unwrap(), m2["loss"].as_f64().unwrap());
+    let r_loss = (loss2 - loss).abs() / loss.abs();
+    eprintln!("eval loss sharded over 2 ranks vs one process: {r_loss:.1e} of the loss");
+    assert!(
+        r_loss <= SAME,
+        "eval loss sharded over 2 ranks {loss2}, one process {loss}: {r_loss:.1e} of the loss (bound {SAME})"
+    );
 
     let csv_path = d.path().join("pred.csv");
     let o = common::ringtrain(&[

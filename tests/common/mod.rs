@@ -1,7 +1,10 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use tch::{Kind, Tensor};
 
 /// The Python with torch/torchvision/sklearn that serves as the independent reference
 /// (set by scripts/test.sh; falls back to `python3`).
@@ -109,4 +112,64 @@ pub fn image_claiming(path: &Path, w: u32, h: u32) {
         b[sof + 7..sof + 9].copy_from_slice(&(w as u16).to_be_bytes());
     }
     std::fs::write(path, b).unwrap();
+}
+
+/// The weights a run ended with (`last/model.safetensors` of its run directory), by name.
+pub fn weights(run_dir: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(run_dir.join("last/model.safetensors"))
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// The largest absolute difference between two tensors, computed in double precision.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+/// The largest absolute value of a tensor.
+pub fn max_abs(t: &Tensor) -> f64 {
+    t.to_kind(Kind::Double).abs().max().double_value(&[])
+}
+
+/// The largest difference between `got` and `want`, relative to the largest value of `want`:
+/// the agreement of two float computations of the same quantity, on the scale of that quantity.
+pub fn rel_max_diff(got: &Tensor, want: &Tensor) -> f64 {
+    let scale = max_abs(want);
+    assert!(scale > 0.0, "the reference is all zero: nothing to compare with");
+    max_abs_diff(got, want) / scale
+}
+
+/// The largest difference between two sets of weights, over every tensor but the integer batch
+/// counters.
+pub fn max_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
+        .map(|(k, t)| max_abs_diff(t, &b[k]))
+        .fold(0.0, f64::max)
+}
+
+/// The largest difference between runs `a` and `b` (any tensor), relative to the largest change
+/// the reference run made to a parameter from the initial weights: the size of the update being
+/// compared. Float agreement depends on the CPU's kernels (oneDNN and ATen pick them by
+/// instruction set, and their summation order with them); the size of an update does not.
+pub fn rel_diff(
+    a: &HashMap<String, Tensor>,
+    b: &HashMap<String, Tensor>,
+    reference: &HashMap<String, Tensor>,
+    init: &HashMap<String, Tensor>,
+) -> f64 {
+    let is_param = |k: &str| !k.contains("running_") && !k.ends_with("num_batches_tracked");
+    let update = reference
+        .iter()
+        .filter(|(k, _)| is_param(k))
+        .map(|(k, t)| max_abs_diff(t, &init[k]))
+        .fold(0.0, f64::max);
+    assert!(update > 0.0, "the reference run changed no parameter");
+    max_diff(a, b) / update
 }

@@ -16,8 +16,9 @@
   torchvision_reference.py optimizer IN OUT KIND IMPL  torch.optim steps on a scripted problem
   torchvision_reference.py plateau METRICS MODE ...  ReduceLROnPlateau's LR after each metric
   torchvision_reference.py ema STATES K DECAY OUT   AveragedModel EMA (use_buffers) of resnet18 states
-  torchvision_reference.py sgd_step ROOT SIZE WEIGHTS OPTIM OUT   one SGD step of resnet18 on all
-      of ROOT as one batch, from WEIGHTS (or init:PATH) and momentum buffers OPTIM (or -)
+  torchvision_reference.py sgd_step ROOT SIZE WEIGHTS OPTIM OUT [WD]   one SGD step of resnet18 on
+      all of ROOT as one batch, from WEIGHTS (or init:PATH) and momentum buffers OPTIM (or -),
+      with weight decay WD (default 5e-4)
 """
 import json
 import sys
@@ -275,8 +276,8 @@ def imagefolder(root):
     print(json.dumps({"classes": ds.classes, "class_to_idx": ds.class_to_idx, "samples": ds.samples}))
 
 
-def sgd_step(root, size, weights, optim, out):
-    """One torch.optim.SGD step (lr 0.01, momentum 0.9, weight decay 5e-4, label smoothing 0.1) of
+def sgd_step(root, size, weights, optim, out, wd="5e-4"):
+    """One torch.optim.SGD step (lr 0.01, momentum 0.9, weight decay WD, label smoothing 0.1) of
     torchvision's resnet18 on every image of ROOT as one batch. WEIGHTS: a state_dict file, or
     init:PATH for torchvision's own initialisation (seed 0), saved to PATH first. OPTIM: the
     momentum buffers (`<name>.momentum_buffer`, as ringtrain saves them) or - for none."""
@@ -293,7 +294,7 @@ def sgd_step(root, size, weights, optim, out):
         save_file({k: v.clone().contiguous() for k, v in m.state_dict().items()}, weights[5:])
     else:
         m.load_state_dict(load_file(weights))
-    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=float(wd))
     if optim != "-":
         bufs = load_file(optim)
         for name, p in m.named_parameters():
