@@ -81,15 +81,7 @@ fn bf16_autocast_training_on_cpu_is_quiet_and_follows_fp32() {
     );
     assert!(rel.iter().any(|&r| r > 1e-6), "bf16 autocast changed nothing: {bf16:?}");
     eprintln!("relative differences of bf16 from fp32 per step: {rel:?}");
-    let o = common::ringtrain(&[
-        "train",
-        "--data",
-        d.path().join("data").to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--amp",
-        "fp16",
-    ]);
+    let o = common::ringtrain(&common::argv("train --data {} --device cpu --amp fp16", &[&d.path().join("data")]));
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--amp fp16 needs a CUDA device"));
 }

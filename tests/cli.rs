@@ -2,8 +2,6 @@
 //! written; the same seed gives the same run; the version names libtorch.
 mod common;
 
-use std::path::Path;
-
 use common::{make_folder, ringtrain};
 
 /// Runs `train` with `extra` flags and expects a user error mentioning `needle`.
@@ -95,17 +93,7 @@ fn config_file_is_used_and_flags_override_it() {
     )
     .unwrap();
     let out = d.path().join("run");
-    let o = ringtrain(&[
-        "train",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--lr",
-        "0.02",
-        "--out",
-        out.to_str().unwrap(),
-        "--device",
-        "cpu",
-    ]);
+    let o = ringtrain(&common::argv("train --config {} --lr 0.02 --out {} --device cpu", &[&cfg, &out]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let resolved: toml::Table = std::fs::read_to_string(out.join("config.toml"))
         .unwrap()
@@ -130,17 +118,7 @@ fn config_file_is_used_and_flags_override_it() {
     assert_eq!(std::fs::read(out.join("last/model.safetensors")).unwrap(), before);
     let o = ringtrain(&[&args[..], &["--overwrite"]].concat());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let events = std::fs::read_dir(&out)
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .starts_with("events.out")
-        })
-        .count();
-    assert_eq!(events, 1, "--overwrite replaces the event file too");
+    assert_eq!(common::event_files(&out), 1, "--overwrite replaces the event file too");
 }
 
 #[test]
@@ -159,16 +137,8 @@ fn same_seed_gives_bit_identical_cpu_runs() {
         out
     };
     let (a, b) = (run("a"), run("b"));
-    // Everything but the timing columns.
-    let metrics = |p: &Path| -> Vec<String> {
-        std::fs::read_to_string(p.join("metrics.csv"))
-            .unwrap()
-            .lines()
-            .map(|l| l.split(',').take(7).collect::<Vec<_>>().join(","))
-            .collect()
-    };
-    assert_eq!(metrics(&a), metrics(&b));
-    assert_eq!(metrics(&a).len(), 3);
+    assert_eq!(common::metrics_without_timing(&a), common::metrics_without_timing(&b));
+    assert_eq!(common::metrics_without_timing(&a).len(), 3);
     assert_eq!(
         std::fs::read(a.join("last/model.safetensors")).unwrap(),
         std::fs::read(b.join("last/model.safetensors")).unwrap()
@@ -240,15 +210,7 @@ fn unreadable_images_are_skipped_with_a_warning_or_stop_the_run_with_strict() {
         std::fs::write(broken.join(c).join("x.png"), b"nope").unwrap();
         std::fs::write(broken.join(c).join("y.png"), b"nope").unwrap();
     }
-    let o = ringtrain(&[
-        "train",
-        "--data",
-        broken.to_str().unwrap(),
-        "--out",
-        d.path().join("r3").to_str().unwrap(),
-        "--device",
-        "cpu",
-    ]);
+    let o = ringtrain(&common::argv("train --data {} --out {} --device cpu", &[&broken, &d.path().join("r3")]));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
     assert!(

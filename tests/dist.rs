@@ -10,15 +10,8 @@ use std::time::{Duration, Instant};
 use common::{max_diff, rel_diff, weights};
 use tch::Tensor;
 
-fn shapes(root: &Path, per_class: usize, offset: u64) {
-    for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
-        std::fs::create_dir_all(root.join(name)).unwrap();
-        for i in 0..per_class {
-            ringtrain::data::demo::render(c, 36, 4, offset + i as u64)
-                .save(root.join(name).join(format!("{i}.png")))
-                .unwrap();
-        }
-    }
+fn shapes(root: &Path, per_class: usize, first: u64) {
+    common::Shapes { size: 36, seed: 4, first }.write(root, &["circle", "cross", "ring"], per_class);
 }
 
 struct Data {
@@ -157,17 +150,7 @@ fn two_ranks_with_half_batches_reach_the_weights_of_one_process() {
         );
     }
     // Only rank 0 writes: one event file, one set of checkpoints.
-    let events = std::fs::read_dir(&dual)
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .starts_with("events.out")
-        })
-        .count();
-    assert_eq!(events, 1, "only rank 0 may write the run directory");
+    assert_eq!(common::event_files(&dual), 1, "only rank 0 may write the run directory");
 
     // Half-precision all-reduce: close to, not equal to, the fp32 result.
     let fp16 = d.root.join("fp16");
@@ -285,17 +268,7 @@ fn torchrun_launches_ringtrain_with_the_same_result_as_the_builtin_launcher() {
     // One intra-op thread per rank under both launchers (torchrun's default for several ranks;
     // the built-in launcher would share the node's cores among its ranks).
     run_env(&args, &[("OMP_NUM_THREADS", "1".to_string())]);
-    let torchrun = Path::new(&common::python()).with_file_name("torchrun");
-    let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
-    let o = Command::new(&torchrun)
-        .args([
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            &port,
-            "--no-python",
-            env!("CARGO_BIN_EXE_ringtrain"),
-        ])
+    let o = common::torchrun(2)
         .args(train_args(&d, &theirs, "lenet5"))
         .env("OMP_NUM_THREADS", "1")
         .output()

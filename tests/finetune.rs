@@ -9,14 +9,7 @@ use std::path::Path;
 use tch::Tensor;
 
 fn shapes(root: &Path) {
-    for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
-        std::fs::create_dir_all(root.join(name)).unwrap();
-        for i in 0..10 {
-            ringtrain::data::demo::render(c, 36, 6, i)
-                .save(root.join(name).join(format!("{i}.png")))
-                .unwrap();
-        }
-    }
+    common::Shapes { size: 36, seed: 6, first: 0 }.write(root, &["circle", "cross", "ring"], 10);
 }
 
 fn load(p: &Path) -> HashMap<String, Tensor> {
@@ -31,33 +24,11 @@ fn torchvision_weights_fine_tuned_with_new_head_frozen_layers_and_head_lr() {
     let data = d.path().join("data");
     shapes(&data);
     let out = d.path().join("run");
-    let o = common::ringtrain(&[
-        "train",
-        "--data",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--model",
-        "resnet18",
-        "--img-size",
-        "64",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "8",
-        "--device",
-        "cpu",
-        "--pretrained",
-        pretrained.to_str().unwrap(),
-        "--freeze",
-        "conv1,bn1,layer1",
-        "--head-lr-mult",
-        "10",
-        "--lr",
-        "0.01",
-        "--log-every",
-        "1",
-    ]);
+    let o = common::ringtrain(&common::argv(
+        "train --data {} --out {} --model resnet18 --img-size 64 --epochs 1 --batch-size 8 --device cpu \
+         --pretrained {} --freeze conv1,bn1,layer1 --head-lr-mult 10 --lr 0.01 --log-every 1",
+        &[&data, &out, &pretrained],
+    ));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
     assert!(
@@ -98,21 +69,10 @@ fn torchvision_weights_fine_tuned_with_new_head_frozen_layers_and_head_lr() {
     }
 
     // The wrong architecture is refused with a clear message.
-    let o = common::ringtrain(&[
-        "train",
-        "--data",
-        data.to_str().unwrap(),
-        "--out",
-        d.path().join("r50").to_str().unwrap(),
-        "--model",
-        "resnet50",
-        "--batch-size",
-        "8",
-        "--device",
-        "cpu",
-        "--pretrained",
-        pretrained.to_str().unwrap(),
-    ]);
+    let o = common::ringtrain(&common::argv(
+        "train --data {} --out {} --model resnet50 --batch-size 8 --device cpu --pretrained {}",
+        &[&data, &d.path().join("r50"), &pretrained],
+    ));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
     assert!(
@@ -128,49 +88,19 @@ fn torchvision_weights_fine_tuned_with_new_head_frozen_layers_and_head_lr() {
 fn pytorch_loads_ringtrains_weights_and_gets_predicts_logits() {
     let d = tempfile::tempdir().unwrap();
     let data = d.path().join("data");
-    for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
-        std::fs::create_dir_all(data.join(name)).unwrap();
-        for i in 0..6 {
-            ringtrain::data::demo::render(c, 64, 6, i)
-                .save(data.join(name).join(format!("{i}.png")))
-                .unwrap();
-        }
-    }
+    common::Shapes { size: 64, seed: 6, first: 0 }.write(&data, &["circle", "cross", "ring"], 6);
     let out = d.path().join("run");
-    let o = common::ringtrain(&[
-        "train",
-        "--data",
-        data.to_str().unwrap(),
-        "--val",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--model",
-        "resnet18",
-        "--img-size",
-        "64",
-        "--eval-resize",
-        "64",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "6",
-        "--device",
-        "cpu",
-    ]);
+    let o = common::ringtrain(&common::argv(
+        "train --data {} --val {} --out {} --model resnet18 --img-size 64 --eval-resize 64 --epochs 1 --batch-size \
+         6 --device cpu",
+        &[&data, &data, &out],
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let csv = d.path().join("pred.csv");
-    let o = common::ringtrain(&[
-        "predict",
-        "--checkpoint",
-        out.join("last").to_str().unwrap(),
-        "--logits",
-        "--device",
-        "cpu",
-        "--out",
-        csv.to_str().unwrap(),
-        data.to_str().unwrap(),
-    ]);
+    let o = common::ringtrain(&common::argv(
+        "predict --checkpoint {} --logits --device cpu --out {} {}",
+        &[&out.join("last"), &csv, &data],
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r: serde_json::Value = serde_json::from_str(&common::run_python(&[
         "predict_logits",

@@ -54,15 +54,8 @@ fn classification_report_equals_sklearn_including_a_class_never_predicted() {
     );
 }
 
-fn shapes(root: &Path, per_class: usize, offset: u64) {
-    for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
-        std::fs::create_dir_all(root.join(name)).unwrap();
-        for i in 0..per_class {
-            ringtrain::data::demo::render(c, 36, 9, offset + i as u64)
-                .save(root.join(name).join(format!("{i}.png")))
-                .unwrap();
-        }
-    }
+fn shapes(root: &Path, per_class: usize, first: u64) {
+    common::Shapes { size: 36, seed: 9, first }.write(root, &["circle", "cross", "ring"], per_class);
 }
 
 #[test]
@@ -91,13 +84,7 @@ fn tensorboard_reader_finds_the_runs_scalars_with_right_steps_and_values() {
         .collect();
     assert_eq!(steps, (0..12).collect::<Vec<_>>());
     assert_eq!(scalars["train/lr"].as_array().unwrap().len(), 12);
-    let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    let rows: Vec<Vec<f64>> = csv
-        .lines()
-        .skip(1)
-        // An empty cell (ema_val_top1 without --ema) reads as NaN.
-        .map(|l| l.split(',').map(|x| x.parse().unwrap_or(f64::NAN)).collect())
-        .collect();
+    let rows = common::metrics_rows(&out);
     for (tag, col) in [
         ("epoch/train_loss", 1),
         ("epoch/val_loss", 3),
@@ -148,26 +135,11 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
         }
     }
     let run = d.path().join("run");
-    let o = common::ringtrain(&[
-        "train",
-        "--data",
-        train.to_str().unwrap(),
-        "--val-split",
-        "0.2",
-        "--out",
-        run.to_str().unwrap(),
-        "--model",
-        "resnet18",
-        "--img-size",
-        "64",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "16",
-        "--device",
-        "cpu",
-        "--quiet",
-    ]);
+    let o = common::ringtrain(&common::argv(
+        "train --data {} --val-split 0.2 --out {} --model resnet18 --img-size 64 --epochs 1 --batch-size 16 \
+         --device cpu --quiet",
+        &[&train, &run],
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
         o.stdout.is_empty(),
@@ -177,15 +149,7 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     let ckpt = run.join("best");
 
     let eval_out = d.path().join("eval");
-    let o = common::ringtrain(&[
-        "eval",
-        "--checkpoint",
-        ckpt.to_str().unwrap(),
-        "--data",
-        test.to_str().unwrap(),
-        "--out",
-        eval_out.to_str().unwrap(),
-    ]);
+    let o = common::ringtrain(&common::argv("eval --checkpoint {} --data {} --out {}", &[&ckpt, &test, &eval_out]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let metrics: serde_json::Value =
         serde_json::from_slice(&std::fs::read(eval_out.join("metrics.json")).unwrap()).unwrap();
@@ -197,28 +161,8 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
 
     // The same evaluation sharded over 2 ranks under torchrun: the same numbers, each image once.
     let sharded = d.path().join("eval_sharded");
-    let torchrun = std::path::Path::new(&common::python()).with_file_name("torchrun");
-    let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
-    let o = std::process::Command::new(&torchrun)
-        .args([
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            &port,
-            "--no-python",
-            env!("CARGO_BIN_EXE_ringtrain"),
-        ])
-        .args([
-            "eval",
-            "--checkpoint",
-            ckpt.to_str().unwrap(),
-            "--data",
-            test.to_str().unwrap(),
-            "--out",
-            sharded.to_str().unwrap(),
-            "--device",
-            "cpu",
-        ])
+    let o = common::torchrun(2)
+        .args(common::argv("eval --checkpoint {} --data {} --out {} --device cpu", &[&ckpt, &test, &sharded]))
         .output()
         .unwrap();
     assert!(
@@ -244,14 +188,7 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     );
 
     let csv_path = d.path().join("pred.csv");
-    let o = common::ringtrain(&[
-        "predict",
-        "--checkpoint",
-        ckpt.to_str().unwrap(),
-        "--out",
-        csv_path.to_str().unwrap(),
-        test.to_str().unwrap(),
-    ]);
+    let o = common::ringtrain(&common::argv("predict --checkpoint {} --out {} {}", &[&ckpt, &csv_path, &test]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stdout = String::from_utf8_lossy(&o.stdout);
     let mut rdr = csv::Reader::from_path(&csv_path).unwrap();
@@ -282,14 +219,7 @@ fn predict_agrees_with_eval_on_plant_seedlings_and_skips_unreadable_files() {
     std::fs::write(flat.join("broken.png"), b"\x89PNG truncated").unwrap();
     let good = rows[0][0].to_string();
     std::os::unix::fs::symlink(&good, flat.join("good.png")).unwrap();
-    let o = common::ringtrain(&[
-        "predict",
-        "--checkpoint",
-        ckpt.to_str().unwrap(),
-        "--out",
-        csv_path.to_str().unwrap(),
-        flat.to_str().unwrap(),
-    ]);
+    let o = common::ringtrain(&common::argv("predict --checkpoint {} --out {} {}", &[&ckpt, &csv_path, &flat]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(

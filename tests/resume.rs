@@ -67,14 +67,7 @@ fn assert_same_run(a: &Path, b: &Path) {
             b.display()
         );
     }
-    // Every metric but the timing columns.
-    let metrics = |p: &Path| -> Vec<String> {
-        std::fs::read_to_string(p.join("metrics.csv"))
-            .unwrap()
-            .lines()
-            .map(|l| l.split(',').take(7).collect::<Vec<_>>().join(","))
-            .collect()
-    };
+    let metrics = common::metrics_without_timing;
     assert_eq!(metrics(a), metrics(b));
     assert_eq!(metrics(a).len(), 4);
 }

@@ -205,14 +205,7 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
 fn each_training_step_matches_pytorch_from_the_same_state() {
     let d = tempfile::tempdir().unwrap();
     let data = d.path().join("data");
-    for (c, name) in ["circle", "cross", "ring"].iter().enumerate() {
-        std::fs::create_dir_all(data.join(name)).unwrap();
-        for i in 0..6 {
-            ringtrain::data::demo::render(c, 32, 3, i)
-                .save(data.join(name).join(format!("{i}.png")))
-                .unwrap();
-        }
-    }
+    common::Shapes { size: 32, seed: 3, first: 0 }.write(&data, &["circle", "cross", "ring"], 6);
     let p = |x: &std::path::Path| x.to_str().unwrap().to_string();
     let init = d.path().join("init.safetensors");
     let torch1 = d.path().join("torch-step1.safetensors");

@@ -28,33 +28,11 @@ fn two_epochs_on_plant_seedlings_learn_and_pytorch_agrees() {
     let (train, val, out) = (d.path().join("train"), d.path().join("val"), d.path().join("run"));
     subset(&common::shared_data("plant-seedlings/train"), &train, 150);
     subset(&common::shared_data("plant-seedlings/test"), &val, 30);
-    let o = common::ringtrain(&[
-        "train",
-        "--data",
-        train.to_str().unwrap(),
-        "--val",
-        val.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--model",
-        "resnet18",
-        "--img-size",
-        "64",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "32",
-        "--optimizer",
-        "adamw",
-        "--lr",
-        "0.002",
-        "--weight-decay",
-        "0.01",
-        "--crop-scale",
-        "0.35,1",
-        "--device",
-        "cpu",
-    ]);
+    let o = common::ringtrain(&common::argv(
+        "train --data {} --val {} --out {} --model resnet18 --img-size 64 --epochs 2 --batch-size 32 --optimizer \
+         adamw --lr 0.002 --weight-decay 0.01 --crop-scale 0.35,1 --device cpu",
+        &[&train, &val, &out],
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     for f in [
@@ -68,13 +46,7 @@ fn two_epochs_on_plant_seedlings_learn_and_pytorch_agrees() {
     ] {
         assert!(out.join(f).is_file(), "missing {f}");
     }
-    let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    let rows: Vec<Vec<f64>> = csv
-        .lines()
-        .skip(1)
-        // An empty cell (ema_val_top1 without --ema) reads as NaN.
-        .map(|l| l.split(',').map(|x| x.parse().unwrap_or(f64::NAN)).collect())
-        .collect();
+    let rows = common::metrics_rows(&out);
     assert_eq!(rows.len(), 2);
     let (loss1, loss2) = (rows[0][1], rows[1][1]);
     assert!(loss2 < loss1, "training loss did not fall: {loss1} -> {loss2}");

@@ -180,6 +180,21 @@ impl Loader {
         self.epoch_from(epoch, 0)
     }
 
+    /// One pass over every image (epoch 0; in folder order for an in-order loader) calling `f` on
+    /// each batch that holds a readable image: eval's and predict's loop. Returns the images that
+    /// could not be read.
+    pub fn each_readable_batch(&self, mut f: impl FnMut(&Batch) -> Result<()>) -> Result<Vec<(PathBuf, String)>> {
+        let mut unreadable = Vec::new();
+        for batch in self.epoch(0) {
+            let mut batch = batch?;
+            unreadable.append(&mut batch.unreadable);
+            if !batch.indices.is_empty() {
+                f(&batch)?;
+            }
+        }
+        Ok(unreadable)
+    }
+
     /// The batches of `epoch` from batch `start` on (a resumed epoch: the ones before are
     /// neither decoded nor returned; those after are exactly those of an uninterrupted epoch).
     ///

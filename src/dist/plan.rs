@@ -165,32 +165,25 @@ mod tests {
             ),
             _ => panic!("two CPU workers are launched"),
         }
-        let e = error(DistOptions {
-            bucket_mb: 0.0,
-            ..one_process()
-        });
-        assert!(e.contains("--bucket-mb must be positive"), "{e}");
-        let e = error(DistOptions {
-            nproc_per_node: Some(0),
-            ..one_process()
-        });
-        assert!(e.contains("--nproc-per-node must be at least 1"), "{e}");
-        let e = error(DistOptions {
-            node_rank: 2,
-            nnodes: 2,
-            ..one_process()
-        });
-        assert!(e.contains("--node-rank 2 must be less than --nnodes 2"), "{e}");
-        let e = error(DistOptions {
-            nnodes: 2,
-            ..one_process()
-        });
-        assert!(e.contains("--nnodes > 1 needs --master-addr"), "{e}");
-        let e = error(DistOptions {
-            nproc_per_node: Some(2),
-            devices: Some(vec![0]),
-            ..one_process()
-        });
-        assert!(e.contains("--devices lists 1 devices for 2 local ranks"), "{e}");
+        // Each a change to the options of one process, and what the error names.
+        let bad: [(fn(&mut DistOptions), &str); 5] = [
+            (|o| o.bucket_mb = 0.0, "--bucket-mb must be positive"),
+            (|o| o.nproc_per_node = Some(0), "--nproc-per-node must be at least 1"),
+            (
+                |o| (o.node_rank, o.nnodes) = (2, 2),
+                "--node-rank 2 must be less than --nnodes 2",
+            ),
+            (|o| o.nnodes = 2, "--nnodes > 1 needs --master-addr"),
+            (
+                |o| (o.nproc_per_node, o.devices) = (Some(2), Some(vec![0])),
+                "--devices lists 1 devices for 2 local ranks",
+            ),
+        ];
+        for (change, needle) in bad {
+            let mut options = one_process();
+            change(&mut options);
+            let e = error(options);
+            assert!(e.contains(needle), "{e}");
+        }
     }
 }

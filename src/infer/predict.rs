@@ -133,14 +133,9 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
         LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize),
     )?;
     let k = o.topk.min(state.classes.len());
-    let (mut predictions, mut unreadable) = (Vec::new(), Vec::new());
-    tch::no_grad(|| -> Result<()> {
-        for batch in loader.epoch(0) {
-            let mut batch = batch?;
-            unreadable.append(&mut batch.unreadable);
-            if batch.indices.is_empty() {
-                continue;
-            }
+    let mut predictions = Vec::new();
+    let unreadable = tch::no_grad(|| {
+        loader.each_readable_batch(|batch| {
             let x = normalize.apply(&batch.images);
             let logits = model.forward(&x, false).to_kind(Kind::Float);
             let probs = logits.softmax(-1, Kind::Float);
@@ -161,8 +156,8 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
                     logits: all.as_ref().map(|v| v[row * n..(row + 1) * n].to_vec()),
                 });
             }
-        }
-        Ok(())
+            Ok(())
+        })
     })?;
     let summary = PredictSummary {
         predictions,

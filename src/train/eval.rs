@@ -34,14 +34,9 @@ pub fn evaluate(
 ) -> Result<EvalResult> {
     let mut loss_sum: Option<Tensor> = None;
     let mut top5_sum: Option<Tensor> = None;
-    let (mut targets, mut preds, mut unreadable) = (Vec::new(), Vec::new(), Vec::new());
-    tch::no_grad(|| -> Result<()> {
-        for batch in loader.epoch(0) {
-            let mut batch = batch?;
-            unreadable.append(&mut batch.unreadable);
-            if batch.indices.is_empty() {
-                continue;
-            }
+    let (mut targets, mut preds) = (Vec::new(), Vec::new());
+    let unreadable = tch::no_grad(|| {
+        loader.each_readable_batch(|batch| {
             let x = normalize.apply(&batch.images);
             let y = normalize.labels(&batch.labels);
             let logits = model.forward(&x, false).to_kind(Kind::Float);
@@ -55,8 +50,8 @@ pub fn evaluate(
             top5_sum = Some(top5_sum.take().map_or(hits.shallow_clone(), |s| s + &hits));
             preds.push(topk.select(1, 0));
             targets.extend(Vec::<i64>::try_from(&batch.labels)?);
-        }
-        Ok(())
+            Ok(())
+        })
     })?;
     let host = |t: Option<Tensor>| t.map_or(0.0, |t| t.double_value(&[]));
     let preds: Vec<i64> = match preds.is_empty() {

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -56,14 +57,85 @@ pub fn ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
 
 /// An ImageFolder tree of the demo's procedural shapes (36 px): `per_class` PNGs per class.
 pub fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
-    for (c, name) in classes.iter().enumerate() {
-        std::fs::create_dir_all(root.join(name)).unwrap();
-        for i in 0..per_class {
-            ringtrain::data::demo::render(c, 36, 3, i as u64)
-                .save(root.join(name).join(format!("{i}.png")))
-                .unwrap();
+    Shapes { size: 36, seed: 3, first: 0 }.write(root, classes, per_class);
+}
+
+/// Images of the demo's procedural shapes, `size` px: class `c` is the demo's `c`-th shape, its
+/// images are the demo's `first`, `first + 1`, ... of stream `seed` (so two folders with other
+/// `first`s share no image).
+pub struct Shapes {
+    pub size: u32,
+    pub seed: u64,
+    pub first: u64,
+}
+
+impl Shapes {
+    /// `root/<class>/<i>.png` for each of `classes` and `i` in `0..per_class`.
+    pub fn write(&self, root: &Path, classes: &[&str], per_class: usize) {
+        for (c, name) in classes.iter().enumerate() {
+            std::fs::create_dir_all(root.join(name)).unwrap();
+            for i in 0..per_class {
+                ringtrain::data::demo::render(c, self.size, self.seed, self.first + i as u64)
+                    .save(root.join(name).join(format!("{i}.png")))
+                    .unwrap();
+            }
         }
     }
+}
+
+/// A command line as a test states it: the words of `line`, each `{}` replaced by the next of
+/// `paths` (kept whole, spaces and all):
+/// `argv("eval --checkpoint {} --data {} --device cpu", &[&ckpt, &test])`.
+pub fn argv(line: &str, paths: &[&Path]) -> Vec<OsString> {
+    let mut paths = paths.iter();
+    let v = line
+        .split_whitespace()
+        .map(|w| match w {
+            "{}" => paths.next().expect("a path for each {}").as_os_str().to_owned(),
+            w => OsString::from(w),
+        })
+        .collect();
+    assert!(paths.next().is_none(), "more paths than {{}} in {line:?}");
+    v
+}
+
+/// metrics.csv of a run as numbers, one row per epoch (header left out); an empty cell
+/// (ema_val_top1 without --ema) reads as NaN.
+pub fn metrics_rows(run: &Path) -> Vec<Vec<f64>> {
+    std::fs::read_to_string(run.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|x| x.parse().unwrap_or(f64::NAN)).collect())
+        .collect()
+}
+
+/// `torchrun --nproc-per-node N --master-port <free> --no-python ringtrain`: add ringtrain's
+/// arguments (the environment's torchrun, beside its Python).
+pub fn torchrun(nproc: usize) -> Command {
+    let mut c = Command::new(Path::new(&python()).with_file_name("torchrun"));
+    let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
+    c.args(["--nproc-per-node", &nproc.to_string(), "--master-port", &port, "--no-python"]);
+    c.arg(env!("CARGO_BIN_EXE_ringtrain"));
+    c
+}
+
+/// Event files TensorBoard would read in `dir`.
+pub fn event_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("events.out"))
+        .count()
+}
+
+/// metrics.csv of a run without its timing columns (seconds, images/s and after): what a rerun
+/// or a resumed run must reproduce.
+pub fn metrics_without_timing(run: &Path) -> Vec<String> {
+    std::fs::read_to_string(run.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').take(7).collect::<Vec<_>>().join(","))
+        .collect()
 }
 
 /// The arguments of `ringtrain train --data DATA --out OUT` followed by `flags`, written as one
