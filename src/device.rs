@@ -54,6 +54,16 @@ impl std::str::FromStr for DeviceSpec {
     }
 }
 
+/// `--channels-last` as given, else on for CUDA (cuDNN's NHWC kernels) and off on the CPU.
+pub fn channels_last(flag: Option<bool>, device: Device) -> bool {
+    flag.unwrap_or(device.is_cuda())
+}
+
+/// The cores this process may use (2 when the system cannot say).
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+}
+
 /// Waits for the device's queued work (a no-op on the CPU): before reading a clock.
 pub fn synchronize(device: Device) {
     if let Device::Cuda(i) = device {

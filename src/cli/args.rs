@@ -113,7 +113,7 @@ pub struct BenchArgs {
 /// What `bench` and `bench-data` share: where and how the step runs, and the PyTorch reference.
 #[derive(Args)]
 pub struct BenchRunArgs {
-    /// channels_last memory format [on for CUDA].
+    /// channels_last memory format [default: on for CUDA, off on the CPU].
     #[arg(long)]
     pub channels_last: Option<bool>,
     #[arg(long, default_value = "auto")]
@@ -122,7 +122,7 @@ pub struct BenchRunArgs {
     /// settings and print the ratio.
     #[arg(long)]
     pub vs_pytorch: bool,
-    /// Python with torch and torchvision for --vs-pytorch [$RINGTRAIN_PYTHON, else python3].
+    /// Python with torch and torchvision for --vs-pytorch [default: $RINGTRAIN_PYTHON, else python3].
     #[arg(long)]
     pub python: Option<String>,
 }
@@ -136,7 +136,7 @@ pub struct BenchDataArgs {
     pub img_size: u32,
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    /// Data threads (PyTorch: DataLoader worker processes) [cores].
+    /// Data threads (PyTorch: DataLoader worker processes) [default: available cores].
     #[arg(long)]
     pub workers: Option<usize>,
     /// Passes over the data (the first batch is not timed).
@@ -160,7 +160,7 @@ pub struct EvalArgs {
     /// Images in the ImageFolder layout, with the checkpoint's classes.
     #[arg(long)]
     pub data: PathBuf,
-    /// Where the report goes [<run>/eval-<checkpoint name>].
+    /// Where the report goes [default: <run>/eval-<checkpoint name>].
     #[arg(long)]
     pub out: Option<PathBuf>,
     #[command(flatten)]
@@ -175,7 +175,7 @@ pub struct InferArgs {
     /// auto | cpu | cuda | cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: DeviceSpec,
-    /// Data worker threads [available cores].
+    /// Data worker threads [default: available cores].
     #[arg(long)]
     pub workers: Option<usize>,
 }
@@ -218,8 +218,8 @@ pub struct DistArgs {
     /// Rendezvous port on the master [default: a free port (29500 across nodes)].
     #[arg(long)]
     pub master_port: Option<u16>,
-    /// CUDA devices for the local ranks, e.g. 1,3 (indices among the visible ones) [default: local rank = GPU
-    /// index].
+    /// CUDA devices for the local ranks, e.g. 1,3 (indices among the visible ones)
+    /// [default: local rank = GPU index].
     #[arg(long, value_delimiter = ',')]
     pub devices: Option<Vec<usize>>,
     /// Seconds a collective or the rendezvous may take before it is an error.

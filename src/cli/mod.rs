@@ -116,8 +116,7 @@ fn finish_run(summary: crate::train::RunSummary) -> Result<()> {
 
 /// Data worker threads: as given, else the available cores.
 fn workers(n: Option<usize>) -> usize {
-    n.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
-        .max(1)
+    n.unwrap_or_else(crate::device::available_cores).max(1)
 }
 
 fn eval(args: &EvalArgs) -> Result<()> {
@@ -211,7 +210,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
         batch_size: a.batch_size,
         img_size: a.img_size,
         amp: a.amp.autocast_kind(device)?,
-        channels_last: a.run.channels_last.unwrap_or(device.is_cuda()),
+        channels_last: crate::device::channels_last(a.run.channels_last, device),
         device,
         steps,
         warmup: a.warmup,
@@ -265,7 +264,7 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
         device,
         model: a.model,
         amp: a.amp.autocast_kind(device)?.filter(|_| a.model.is_some()),
-        channels_last: a.run.channels_last.unwrap_or(device.is_cuda()),
+        channels_last: crate::device::channels_last(a.run.channels_last, device),
     };
     say!(
         "{} at {}px, batch {}, {} workers, {} epochs, {:?}{}",

@@ -10,7 +10,6 @@ use image::{Rgb, RgbImage};
 use rand::Rng;
 use rayon::prelude::*;
 
-
 pub const CLASSES: &[&str] = &[
     "circle", "cross", "hexagon", "ring", "square", "star", "triangle", "crescent",
 ];

@@ -337,11 +337,11 @@ impl BatchJob<'_> {
             images.index_select(0, &Tensor::from_slice(&kept_rows))
         };
         let labels: Vec<i64> = kept.iter().map(|&i| self.samples[i].1 as i64).collect();
-        let mut pinned_labels = host_tensor(&[labels.len() as i64], Kind::Int64, self.pin_memory);
-        pinned_labels.copy_(&Tensor::from_slice(&labels));
+        let mut label_tensor = host_tensor(&[labels.len() as i64], Kind::Int64, self.pin_memory);
+        label_tensor.copy_(&Tensor::from_slice(&labels));
         Ok(Batch {
             images,
-            labels: pinned_labels,
+            labels: label_tensor,
             indices: kept,
             unreadable,
         })

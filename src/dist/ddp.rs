@@ -28,18 +28,14 @@ use super::process_group::{ProcessGroup, ReduceOp};
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 
 crate::flag_enum! {
-    /// `--grad-compress`: the precision gradients travel in during the all-reduce.
+    /// `--grad-compress`: the precision gradients travel in during the all-reduce (fp32 unless
+    /// asked).
+    #[derive(Default)]
     pub enum WirePrecision("invalid --grad-compress") {
+        #[default]
         Off = "off",
         Bf16 = "bf16",
         Fp16 = "fp16",
-    }
-}
-
-/// Gradients travel in fp32 unless `--grad-compress` says otherwise.
-impl Default for WirePrecision {
-    fn default() -> Self {
-        WirePrecision::Off
     }
 }
 

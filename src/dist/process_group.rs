@@ -182,7 +182,8 @@ impl ProcessGroup {
         }
     }
 
-    /// Whether other ranks take part (collectives then communicate).
+    /// Whether this is a job's group, through c10d (even of world size 1 under a launcher), rather
+    /// than a process alone, whose collectives return at once.
     pub fn is_distributed(&self) -> bool {
         !self.pg.is_null()
     }

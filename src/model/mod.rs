@@ -142,8 +142,9 @@ impl Model {
         let root = vs.root();
         let net = match (kind, kind.resnet_spec()) {
             (_, Some(s)) => resnet::resnet(&root, &s, num_classes),
-            (ModelKind::AlexNet, _) => alexnet::alexnet(&root, num_classes),
-            _ => lenet::lenet5(&root, num_classes),
+            (ModelKind::AlexNet, None) => alexnet::alexnet(&root, num_classes),
+            (ModelKind::LeNet5, None) => lenet::lenet5(&root, num_classes),
+            (kind, None) => unreachable!("{kind} is a ResNet without a ResNet spec"),
         };
         Model {
             kind,

@@ -42,7 +42,7 @@ impl RankContext {
         }
         // The node's cores are shared among its ranks, for data workers and (as torchrun does)
         // for libtorch's intra-op threads.
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let cores = crate::device::available_cores();
         let local_world = dist.map_or(1, |d| d.env.local_world_size);
         if local_world > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
             tch::set_num_threads((cores / local_world).max(1) as i32);

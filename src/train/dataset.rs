@@ -67,7 +67,7 @@ impl TrainData {
             )));
         }
         let device = ctx.pg.device;
-        let channels_last = cfg.channels_last.unwrap_or(device.is_cuda());
+        let channels_last = crate::device::channels_last(cfg.channels_last, device);
         let normalize = Normalizer::new(cfg.mean3(), cfg.std3(), device).channels_last(channels_last);
         let (world, rank_batch, workers) = (ctx.world(), ctx.rank_batch, ctx.workers(cfg));
         let shard = |pad| {
@@ -214,7 +214,7 @@ fn refill(batch: Batch, want: usize) -> Result<Batch> {
     })
 }
 
-/// A data set where nothing decodes is an error before training, not a run of skipped batches.
+/// A data set where nothing decodes is an error before training, not a run of unreadable batches.
 fn check_something_decodes(paths: &[PathBuf], root: &Path) -> Result<()> {
     let mut first_error = None;
     for p in paths {

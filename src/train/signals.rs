@@ -56,9 +56,7 @@ impl StopRequest {
             s => Some(s as i32),
         }
     }
-}
 
-impl StopRequest {
     /// The signal a stop was requested with, agreed by all ranks (any rank's request stops all,
     /// at the same step). Distributed, the agreement costs a collective, so callers ask only
     /// when `due` (every 10th step, and at epoch ends); alone it is free and always checked.

@@ -66,7 +66,7 @@ impl Default for DdpOptions {
     fn default() -> Self {
         DdpOptions {
             bucket_mb: crate::dist::ddp::DEFAULT_BUCKET_MB,
-            wire: WirePrecision::Off,
+            wire: WirePrecision::default(),
         }
     }
 }
@@ -124,7 +124,7 @@ impl Trainer {
             let n = model.freeze(&cfg.freeze)?;
             say!("frozen: {n} tensors under {}", cfg.freeze.join(", "));
         }
-        if cfg.channels_last.unwrap_or(device.is_cuda()) {
+        if crate::device::channels_last(cfg.channels_last, device) {
             shim::var_store_to_channels_last(&model.vs)?;
         }
         let no_decay = match cfg.no_bn_weight_decay {
