@@ -185,6 +185,11 @@ int64_t rt_cuda_runtime_version(void) {
   }
 }
 
+void rt_set_cudnn_deterministic(int on) {
+  at::globalContext().setDeterministicCuDNN(on != 0);
+  at::globalContext().setBenchmarkCuDNN(on == 0);
+}
+
 int64_t rt_cudnn_version(void) {
   try {
     const auto& hooks = at::detail::getCUDAHooks();

@@ -66,6 +66,8 @@ void rt_cuda_timer_free(rt_cuda_timer* t);
 // Versions for bug reports: libtorch "2.11.0"; CUDA runtime and cuDNN as integers (0 = absent).
 const char* rt_torch_version(void);
 int64_t rt_cuda_runtime_version(void);
+// torch.backends.cudnn.deterministic = on; torch.backends.cudnn.benchmark = !on.
+void rt_set_cudnn_deterministic(int on);
 int64_t rt_cudnn_version(void);
 
 // ---- Fused optimizer steps (optim.cpp), as torch.optim's fused=True. Tensors of one call share

@@ -145,6 +145,11 @@ pub struct TrainConfig {
     pub amp: AmpMode,
     /// A fixed fp16 loss scale instead of dynamic scaling.
     pub loss_scale: Option<f64>,
+    /// Where dynamic fp16 loss scaling starts (PyTorch's `GradScaler(init_scale=...)`).
+    pub init_loss_scale: f64,
+    /// Reproducible CUDA kernels: cuDNN's deterministic algorithms without benchmark-mode
+    /// autotuning, and cuBLAS's deterministic workspace (slower; no effect on the CPU).
+    pub deterministic: bool,
     /// channels_last (NHWC) weights and inputs; default: on for CUDA, off on the CPU.
     pub channels_last: Option<bool>,
     /// Replace an earlier run in `out` (otherwise a run directory with checkpoints is refused).
@@ -224,6 +229,8 @@ impl Default for TrainConfig {
             log_every: 50,
             amp: AmpMode::Auto,
             loss_scale: None,
+            init_loss_scale: crate::train::amp::INIT_SCALE,
+            deterministic: false,
             channels_last: None,
             overwrite: false,
             strict: false,
@@ -412,6 +419,9 @@ impl TrainConfig {
             if !positive(s) {
                 bail_user!("--loss-scale must be positive, got {s}");
             }
+        }
+        if !positive(self.init_loss_scale) {
+            bail_user!("--init-loss-scale must be positive, got {}", self.init_loss_scale);
         }
         Ok(())
     }

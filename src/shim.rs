@@ -70,6 +70,7 @@ mod ffi {
         pub fn rt_torch_version() -> *const c_char;
         pub fn rt_cuda_runtime_version() -> i64;
         pub fn rt_cudnn_version() -> i64;
+        pub fn rt_set_cudnn_deterministic(on: c_int);
     }
 }
 
@@ -406,6 +407,12 @@ pub fn torch_version() -> String {
 pub fn cuda_version() -> Option<String> {
     let v = unsafe { ffi::rt_cuda_runtime_version() };
     (v > 0).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+}
+
+/// cuDNN's deterministic algorithms without benchmark-mode autotuning (`on`), or autotuning with
+/// the fastest algorithms, deterministic or not: torch.backends.cudnn.deterministic/benchmark.
+pub fn set_cudnn_deterministic(on: bool) {
+    unsafe { ffi::rt_set_cudnn_deterministic(on as c_int) }
 }
 
 /// cuDNN version as "9.19.0", or None without cuDNN.

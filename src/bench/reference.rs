@@ -30,13 +30,16 @@ pub fn check_data_settings(batch_size: usize, epochs: usize, img_size: u32, work
 }
 
 /// A PyTorch reference script of bench/: in the working directory's bench/ (a copy of the
-/// repository on another machine), else in the source tree the binary was built from.
+/// repository on another machine), else beside the binary's folder (a bundle: bin/ringtrain and
+/// bench/, see scripts/bundle.sh), else in the source tree the binary was built from.
 pub fn script(name: &str) -> Result<PathBuf> {
+    let beside_binary = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.join("bench")));
     let candidates = [
-        Path::new("bench").join(name),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("bench").join(name),
+        Some(Path::new("bench").join(name)),
+        beside_binary.map(|b| b.join(name)),
+        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench").join(name)),
     ];
-    match candidates.iter().find(|p| p.is_file()) {
+    match candidates.iter().flatten().find(|p| p.is_file()) {
         Some(p) => Ok(p.clone()),
         None => bail_user!("--vs-pytorch: cannot find bench/{name}; run from the repository's root"),
     }

@@ -10,6 +10,7 @@ use crate::config::{Metric, OptimizerKind, SchedKind};
 use crate::data::erasing::EraseMode;
 use crate::device::DeviceSpec;
 use crate::dist::ddp::{WirePrecision, DEFAULT_BUCKET_MB};
+use crate::dist::process_group::Backend;
 use crate::dist::plan::DistOptions;
 use crate::model::ModelKind;
 use crate::train::amp::AmpMode;
@@ -231,6 +232,10 @@ pub struct DistArgs {
     /// All-reduce gradients in half precision: bf16 or fp16 (averaged in fp32).
     #[arg(long, default_value_t = WirePrecision::Off)]
     pub grad_compress: WirePrecision,
+    /// c10d backend: auto (NCCL on CUDA, Gloo on the CPU), nccl, or gloo (also for CUDA tensors,
+    /// staged through the host: several ranks may then share one GPU).
+    #[arg(long, default_value_t = Backend::Auto)]
+    pub dist_backend: Backend,
 }
 
 impl From<&DistArgs> for DistOptions {
@@ -245,6 +250,7 @@ impl From<&DistArgs> for DistOptions {
             timeout: std::time::Duration::from_secs(a.dist_timeout),
             bucket_mb: a.bucket_mb,
             grad_compress: a.grad_compress,
+            backend: a.dist_backend,
         }
     }
 }
@@ -350,6 +356,14 @@ pub struct TrainArgs {
     /// Fixed fp16 loss scale (e.g. 1024) instead of dynamic scaling.
     #[arg(long)]
     pub loss_scale: Option<f64>,
+    /// Where dynamic fp16 loss scaling starts (halved on each overflow, doubled after 2000 clean
+    /// steps).
+    #[arg(long)]
+    pub init_loss_scale: Option<f64>,
+    /// Reproducible CUDA kernels (cuDNN deterministic, no benchmark autotuning, deterministic
+    /// cuBLAS workspace): the same result run to run and across a resume on one GPU; slower.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub deterministic: Option<bool>,
     /// channels_last memory format.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub channels_last: Option<bool>,

@@ -27,15 +27,22 @@ pub struct DistSetup {
     pub grad_compress: ddp::WirePrecision,
     /// BatchNorm over the global batch (`--sync-bn`).
     pub sync_bn: bool,
+    /// `--dist-backend`.
+    pub backend: process_group::Backend,
 }
 
 /// Joins the job as the rank `env` describes: its CUDA device made current (see
-/// `worker_device`), then the rendezvous; NCCL on CUDA, Gloo on the CPU. The group's device is the
-/// one the rank trains or evaluates on.
-pub fn join(env: &env::DistEnv, device: Device, timeout: Duration) -> Result<process_group::ProcessGroup> {
+/// `worker_device`), then the rendezvous; `backend` (Auto: NCCL on CUDA, Gloo on the CPU). The
+/// group's device is the one the rank trains or evaluates on.
+pub fn join(
+    env: &env::DistEnv,
+    device: Device,
+    backend: process_group::Backend,
+    timeout: Duration,
+) -> Result<process_group::ProcessGroup> {
     let device = worker_device(device, env)?;
     process_group::ProcessGroup::new(
-        process_group::Backend::for_device(device),
+        backend,
         &env.master_addr,
         env.master_port,
         env.rank,

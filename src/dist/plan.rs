@@ -8,6 +8,7 @@ use anyhow::Result;
 use super::ddp::WirePrecision;
 use super::env as dist_env;
 use super::launcher::{self, LaunchSpec};
+use super::process_group::Backend;
 use super::DistSetup;
 use crate::device::DeviceSpec;
 use crate::error::user_error;
@@ -30,6 +31,7 @@ pub struct DistOptions {
     pub timeout: Duration,
     pub bucket_mb: f64,
     pub grad_compress: WirePrecision,
+    pub backend: Backend,
 }
 
 pub enum Plan {
@@ -59,12 +61,15 @@ pub fn plan(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<Plan> 
             bucket_mb: o.bucket_mb,
             grad_compress: o.grad_compress,
             sync_bn,
+            backend: o.backend,
         }));
     }
     if std::env::var_os(launcher::LAUNCHED_VAR).is_some() {
         return Err(user_error("launched as a worker but RANK/WORLD_SIZE are missing"));
     }
-    let cuda = device.resolve()?.is_cuda();
+    let resolved = device.resolve()?;
+    let cuda = resolved.is_cuda();
+    let nccl = o.backend.for_device(resolved)? == Backend::Nccl;
     let gpus = tch::Cuda::device_count() as usize;
     let nproc = match o.nproc_per_node {
         Some(0) => return Err(user_error("--nproc-per-node must be at least 1")),
@@ -86,6 +91,13 @@ pub fn plan(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<Plan> 
         }
         if let Some(bad) = d.iter().find(|&&i| cuda && i >= gpus) {
             return Err(user_error(format!("--devices: no CUDA device {bad} ({gpus} visible)")));
+        }
+        if let Some(twice) = d.iter().enumerate().find_map(|(k, i)| d[..k].contains(i).then_some(i)) {
+            if cuda && nccl {
+                return Err(user_error(format!(
+                    "--devices lists GPU {twice} twice: NCCL needs a GPU per rank (--dist-backend gloo lets ranks share one)"
+                )));
+            }
         }
     }
     if o.nnodes == 0 || o.node_rank >= o.nnodes {
@@ -130,6 +142,7 @@ mod tests {
             timeout: crate::dist::DEFAULT_TIMEOUT,
             bucket_mb: super::super::ddp::DEFAULT_BUCKET_MB,
             grad_compress: WirePrecision::Off,
+            backend: Backend::Auto,
         }
     }
 
@@ -166,7 +179,7 @@ mod tests {
             _ => panic!("two CPU workers are launched"),
         }
         // Each a change to the options of one process, and what the error names.
-        let bad: [(fn(&mut DistOptions), &str); 5] = [
+        let bad: [(fn(&mut DistOptions), &str); 6] = [
             (|o| o.bucket_mb = 0.0, "--bucket-mb must be positive"),
             (|o| o.nproc_per_node = Some(0), "--nproc-per-node must be at least 1"),
             (
@@ -178,6 +191,7 @@ mod tests {
                 |o| (o.nproc_per_node, o.devices) = (Some(2), Some(vec![0])),
                 "--devices lists 1 devices for 2 local ranks",
             ),
+            (|o| o.backend = Backend::Nccl, "--dist-backend nccl needs a CUDA device"),
         ];
         for (change, needle) in bad {
             let mut options = one_process();

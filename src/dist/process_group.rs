@@ -1,5 +1,5 @@
 //! A safe handle on a c10d process group (see csrc/dist.cpp): rendezvous through PyTorch's
-//! TCPStore, then NCCL for a CUDA run, Gloo for a CPU run.
+//! TCPStore, then NCCL for a CUDA run, Gloo for a CPU run (or as `--dist-backend` says).
 //!
 //! Every collective runs on the group's `device`, the training device: NCCL refuses host
 //! tensors ("Tensors must be CUDA and dense"), and Gloo on the CPU is held to the same rule so
@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use tch::{Device, Kind, Tensor};
+
+use crate::error::user_error;
 
 #[repr(C)]
 struct RtPg {
@@ -42,27 +44,41 @@ extern "C" {
     fn rt_work_wait(w: *mut RtWork) -> c_int;
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Gloo,
-    Nccl,
+crate::flag_enum! {
+    /// `--dist-backend`: the c10d backend of the job's process group.
+    #[derive(Default)]
+    pub enum Backend("invalid --dist-backend") {
+        /// NCCL for CUDA tensors when this build has it, Gloo otherwise.
+        #[default]
+        Auto = "auto",
+        Nccl = "nccl",
+        /// On the CPU, or with CUDA tensors (Gloo stages them through the host): several ranks
+        /// can then share one GPU, which NCCL refuses.
+        Gloo = "gloo",
+    }
 }
 
 impl Backend {
-    /// NCCL for CUDA tensors when this build has it, Gloo otherwise (CPU, or a CUDA build
-    /// without NCCL, where Gloo stages CUDA tensors through the host).
-    pub fn for_device(device: Device) -> Backend {
+    /// The backend of a group on `device`, never Auto; an error names a choice that cannot work.
+    pub fn for_device(self, device: Device) -> Result<Backend> {
+        Ok(match self {
+            Backend::Auto => Backend::auto(device),
+            Backend::Gloo => Backend::Gloo,
+            Backend::Nccl if !device.is_cuda() => {
+                return Err(user_error("--dist-backend nccl needs a CUDA device; on the CPU use gloo"))
+            }
+            Backend::Nccl if !nccl_available() => {
+                return Err(user_error("--dist-backend nccl: this build of ringtrain has no NCCL"))
+            }
+            Backend::Nccl => Backend::Nccl,
+        })
+    }
+
+    fn auto(device: Device) -> Backend {
         if device.is_cuda() && nccl_available() {
             Backend::Nccl
         } else {
             Backend::Gloo
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Gloo => "gloo",
-            Backend::Nccl => "nccl",
         }
     }
 }
@@ -125,9 +141,9 @@ pub struct ProcessGroup {
 unsafe impl Send for ProcessGroup {}
 
 impl ProcessGroup {
-    /// Rendezvous at master_addr:port (rank 0 hosts the store) and create the group, whose
-    /// collectives run on `device` (for NCCL a CUDA device, which must be the current one:
-    /// `dist::worker_device` makes it so). Fails with c10d's message when the port is taken or
+    /// Rendezvous at master_addr:port (rank 0 hosts the store) and create the group of `backend`
+    /// (`Auto`: NCCL on CUDA), whose collectives run on `device` (for NCCL a CUDA device, which
+    /// must be the current one: `dist::worker_device` makes it so). Fails with c10d's message when the port is taken or
     /// the master does not answer within `timeout`.
     pub fn new(
         backend: Backend,
@@ -138,10 +154,10 @@ impl ProcessGroup {
         timeout: Duration,
         device: Device,
     ) -> Result<Self> {
+        let backend = backend.for_device(device)?;
         let cuda_index = match (backend, device) {
             (Backend::Nccl, Device::Cuda(i)) => i as c_int,
-            (Backend::Nccl, d) => bail!("the NCCL backend needs a CUDA device, not {d:?}"),
-            (Backend::Gloo, _) => -1,
+            _ => -1,
         };
         let (b, m) = (CString::new(backend.name())?, CString::new(master_addr)?);
         let pg = unsafe {
@@ -177,7 +193,7 @@ impl ProcessGroup {
             pg: std::ptr::null_mut(),
             rank: 0,
             world_size: 1,
-            backend: Backend::for_device(device),
+            backend: Backend::auto(device),
             device,
         }
     }
@@ -382,6 +398,6 @@ mod tests {
             assert!(pg.all_reduce_values(&[1.0], ReduceOp::Sum).is_err());
         }
         let err = group(Backend::Nccl, Device::Cpu).err().unwrap().to_string();
-        assert!(err.contains("the NCCL backend needs a CUDA device"), "{err}");
+        assert!(err.contains("--dist-backend nccl needs a CUDA device"), "{err}");
     }
 }

@@ -13,7 +13,7 @@ use crate::data::loader::{Loader, LoaderOptions, Shard};
 use crate::data::transform::Transform;
 use crate::data::Normalizer;
 use crate::dist::env as dist_env;
-use crate::dist::process_group::ProcessGroup;
+use crate::dist::process_group::{Backend, ProcessGroup};
 use crate::report::classification::ClassificationReport;
 use crate::report::write_evaluation;
 use crate::train::checkpoint;
@@ -45,7 +45,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
         bail_user!("--batch-size must be at least 1");
     }
     let pg = match dist_env::from_process_env()? {
-        Some(e) => crate::dist::join(&e, o.device, crate::dist::DEFAULT_TIMEOUT)?,
+        Some(e) => crate::dist::join(&e, o.device, Backend::Auto, crate::dist::DEFAULT_TIMEOUT)?,
         None => ProcessGroup::single(o.device),
     };
     let device = pg.device;

@@ -37,12 +37,24 @@ pub struct GradScaler {
 impl GradScaler {
     /// Dynamic scaling from `INIT_SCALE`, or a fixed `static_scale`.
     pub fn new(device: Device, static_scale: Option<f64>) -> Self {
+        match static_scale {
+            Some(s) => GradScaler::build(device, s, false),
+            None => GradScaler::dynamic(device, INIT_SCALE),
+        }
+    }
+
+    /// Dynamic scaling from `init_scale` (PyTorch's `GradScaler(init_scale=...)`).
+    pub fn dynamic(device: Device, init_scale: f64) -> Self {
+        GradScaler::build(device, init_scale, true)
+    }
+
+    fn build(device: Device, scale: f64, dynamic: bool) -> Self {
         let opts = (Kind::Float, device);
         GradScaler {
-            scale: Tensor::full([], static_scale.unwrap_or(INIT_SCALE), opts),
+            scale: Tensor::full([], scale, opts),
             growth_tracker: Tensor::zeros([], (Kind::Int, device)),
             found_inf: Tensor::zeros([], opts),
-            dynamic: static_scale.is_none(),
+            dynamic,
         }
     }
 
@@ -155,6 +167,16 @@ mod tests {
             }
         );
         assert!(skips(&mut s, &grads(&[f32::NAN])));
+    }
+
+    #[test]
+    fn dynamic_scaling_from_another_initial_scale_backs_off_from_it() {
+        let mut s = GradScaler::dynamic(Device::Cpu, 2f64.powi(30));
+        for k in 1..=3 {
+            assert!(skips(&mut s, &grads(&[f32::INFINITY])));
+            s.update();
+            assert_eq!((s.state().scale, s.state().dynamic), (2f64.powi(30 - k), true));
+        }
     }
 
     #[test]

@@ -25,9 +25,13 @@ pub struct RankContext {
 impl RankContext {
     /// Joins the job (when distributed) on the configured device.
     pub fn new(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<Self> {
+        if cfg.deterministic && std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
+            // cuBLAS reads it when its first handle is made: before any CUDA work of the run.
+            std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
+        }
         let device = cfg.device.resolve()?;
         let pg = match dist {
-            Some(d) => crate::dist::join(&d.env, device, d.timeout)?,
+            Some(d) => crate::dist::join(&d.env, device, d.backend, d.timeout)?,
             None => ProcessGroup::single(device),
         };
         if !pg.is_main() {
@@ -48,7 +52,7 @@ impl RankContext {
             tch::set_num_threads((cores / local_world).max(1) as i32);
         }
         if device.is_cuda() {
-            tch::Cuda::cudnn_set_benchmark(true);
+            crate::shim::set_cudnn_deterministic(cfg.deterministic);
         }
         Ok(RankContext {
             pg: Rc::new(pg),

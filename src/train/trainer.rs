@@ -139,7 +139,10 @@ impl Trainer {
         let opt = Optimizer::new(cfg, &model.trainable(), &placement);
         let params: Vec<Tensor> = opt.params().map(|p| p.shallow_clone()).collect(); // DDP's bucket order
         let amp = cfg.amp.autocast_kind(device)?;
-        let scaler = (amp == Some(Kind::Half)).then(|| GradScaler::new(device, cfg.loss_scale));
+        let scaler = (amp == Some(Kind::Half)).then(|| match cfg.loss_scale {
+            Some(fixed) => GradScaler::new(device, Some(fixed)),
+            None => GradScaler::dynamic(device, cfg.init_loss_scale),
+        });
         let ema = cfg.ema.map(|d| Ema::new(&model, num_classes, d)).transpose()?;
         let ddp = Ddp::new(pg, &params, ddp.bucket_mb, ddp.wire)?;
         ddp.broadcast_state(&model.vs)?;

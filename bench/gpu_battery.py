@@ -1,0 +1,483 @@
+"""The GPU battery (run it as bench/gpu.sh): every CUDA path of ringtrain once, checked, then the
+speed figures against PyTorch, in one run that writes one log (battery.log) and one JSON file
+(battery.json) into --out. Correctness first, then speed; each check is recorded as it ends, so a
+run stopped by its time budget still leaves everything it measured.
+
+  bench/gpu.sh [--bin RINGTRAIN] [--data DIR] [--out DIR] [--only NAME,...] [--budget S] [--dry-run]
+
+--bin      ringtrain: a bundle's launcher (scripts/bundle.sh) or a binary [default: the bundle
+           this script is in, else the build's release binary]
+--data     an ImageFolder set with train/ and test/ (or val/), e.g. the JPEG copy of plant
+           seedlings that bench/jpeg_copy.py writes [default: the demo's generated images]
+--only     checks by name, or all of a kind: correctness, speed (the two fit one 10-minute call each)
+--dry-run  the same sequence on the CPU with tiny sizes (fp16 becomes bf16, which the CPU has):
+           checks the battery itself, its command lines and its readers, not CUDA.
+Exit status: 0 when every correctness check passed.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+# The CPU test's bounds (tests/dist.rs), relative to the update one process made.
+LENET_SAME = 5e-6  # 2 ranks x 8 against 1 x 16, no BatchNorm
+SYNC_BN_SAME = 5e-2  # 2-rank SyncBatchNorm against one process with BatchNorm
+PER_RANK_BN_DIFFERENT = 0.2  # per-rank BatchNorm must differ by more than this
+AGREEMENT = 0.99  # eval/predict on CUDA against the CPU: same top-1 class
+OVERFLOW_SCALE = 2.0**30  # an initial fp16 loss scale that overflows the first gradients
+
+
+class Failed(Exception):
+    """A check that ran and found something wrong; `details` are recorded with it."""
+
+    def __init__(self, message, **details):
+        super().__init__(message)
+        self.details = details
+
+
+class Battery:
+    def __init__(self, args):
+        self.dry = args.dry_run
+        self.device = "cpu" if self.dry else "cuda"
+        self.bin = args.bin
+        self.out = args.out
+        self.python = os.environ.get("RINGTRAIN_PYTHON", sys.executable)
+        self.deadline = time.monotonic() + args.budget
+        self.only = set(args.only.split(",")) if args.only else None
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.out / "battery.log", "w", buffering=1)
+        self.report = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "dry_run": self.dry,
+            "ringtrain": str(self.bin),
+            "environment": {},
+            "checks": [],
+        }
+
+    # ---- running commands ------------------------------------------------------------------
+    def say(self, text):
+        print(text, flush=True)
+        self.log.write(text + "\n")
+
+    def left(self):
+        return self.deadline - time.monotonic()
+
+    def run(self, argv, env=None, expect=0, timeout=None):
+        """Runs a command, logs it and its output; its output, or Failed on another exit code."""
+        argv = [str(a) for a in argv]
+        limit = max(1.0, min(timeout or 1e9, self.left()))
+        self.say("+ " + " ".join(argv))
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(argv, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=limit)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            self.log.write(out)
+            raise Failed(f"timed out after {limit:.0f} s: {' '.join(argv[:3])} ...")
+        self.log.write(p.stdout)
+        self.say(f"  (exit {p.returncode}, {time.monotonic() - t0:.1f} s)")
+        if expect is not None and p.returncode != expect:
+            last = [l for l in p.stdout.strip().splitlines() if l.strip()][-1:] or [""]
+            raise Failed(f"exit {p.returncode} (expected {expect}): {last[0][:300]}")
+        return p.stdout
+
+    def ringtrain(self, *args, **kw):
+        return self.run([self.bin, *args], **kw)
+
+    def check(self, name, kind, fn):
+        """Runs one check and records it: passed, seconds, what it measured, or why it failed."""
+        if self.only and not {name, kind} & self.only:
+            return
+        entry = {"name": name, "kind": kind}
+        if self.left() < 5:
+            entry.update(passed=None, error="not run: the time budget was spent")
+        else:
+            self.say(f"\n=== {name}")
+            t0 = time.monotonic()
+            try:
+                entry.update(passed=True, details=fn() or {})
+            except Failed as e:
+                entry.update(passed=False, error=str(e), details=e.details)
+            except Exception as e:  # a bug of the battery or an unreadable output: recorded, not fatal
+                entry.update(passed=False, error=f"{type(e).__name__}: {e}")
+            entry["seconds"] = round(time.monotonic() - t0, 1)
+            self.say(f"=== {name}: {'passed' if entry['passed'] else 'FAILED'} {json.dumps(entry.get('details', {}))}"
+                     + (f" {entry['error']}" if entry.get("error") else ""))
+        self.report["checks"].append(entry)
+        self.save()
+
+    def save(self):
+        tmp = self.out / "battery.json.tmp"
+        tmp.write_text(json.dumps(self.report, indent=2) + "\n")
+        with open(tmp) as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.out / "battery.json")
+
+
+# ---- reading what ringtrain wrote ----------------------------------------------------------
+def metrics(run):
+    with open(run / "metrics.csv") as f:
+        return [{k: float(v) if v else None for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def state(checkpoint):
+    return json.loads((checkpoint / "state.json").read_text())
+
+
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+          "I64": torch.int64, "I32": torch.int32}
+
+
+def weights(run):
+    """last/model.safetensors as float64 tensors (the format: 8-byte header size, JSON, data)."""
+    raw = (run / "last" / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    data = memoryview(raw)[8 + n:]
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        t = torch.frombuffer(bytearray(data[a:b]), dtype=DTYPES[v["dtype"]]) if b > a else torch.empty(0)
+        out[k] = t.reshape(v["shape"]).double()
+    return out
+
+
+def rel_diff(a, b, reference, init):
+    """Largest difference between two runs' weights, relative to the largest change the
+    reference run made to a parameter (tests/common's rel_diff)."""
+    is_param = lambda k: "running_" not in k and not k.endswith("num_batches_tracked")
+    update = max((reference[k] - init[k]).abs().max().item() for k in reference if is_param(k))
+    diff = max((a[k] - b[k]).abs().max().item() for k in a if not k.endswith("num_batches_tracked"))
+    return diff / update
+
+
+def subset(src, dst, classes, per_class):
+    """The first `per_class` images of the first `classes` classes of an ImageFolder tree."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    for c in sorted(p for p in src.iterdir() if p.is_dir())[:classes]:
+        (dst / c.name).mkdir(parents=True)
+        for f in sorted(c.iterdir())[:per_class]:
+            shutil.copy(f, dst / c.name / f.name)
+    return dst
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rate(pattern, text):
+    m = re.search(pattern, text)
+    return float(m.group(1)) if m else None
+
+
+def bench_figures(text, vs_pytorch, memory):
+    """The figures `ringtrain bench`/`bench-data` print: images/s, peak memory (on CUDA), the
+    ratio; Failed when one that should be there is not."""
+    mem = lambda who: rate(who + r":\s+[\d.]+ img/s, peak memory ([\d.]+) GiB", text)
+    found = {"ringtrain_images_per_s": rate(r"ringtrain:\s+([\d.]+) img/s", text),
+             "pytorch_images_per_s": rate(r"pytorch:\s+([\d.]+) img/s", text),
+             "ratio": rate(r"ratio ringtrain / pytorch: ([\d.]+)", text),
+             "ringtrain_peak_gib": mem("ringtrain"), "pytorch_peak_gib": mem("pytorch")}
+    expected = ["ringtrain_images_per_s"] + (["pytorch_images_per_s", "ratio"] if vs_pytorch else [])
+    expected += [k.replace("images_per_s", "peak_gib") for k in expected[:2]] if memory else []
+    missing = [k for k in expected if found[k] is None]
+    if missing:
+        raise Failed(f"no {', '.join(missing)} in the output", **found)
+    return found
+
+
+# ---- the checks ------------------------------------------------------------------------------
+def main():
+    args = parse_args()
+    b = Battery(args)
+    dry, dev = b.dry, b.device
+    # The CPU has no fp16 autocast: a dry run runs bf16 where the checks say fp16.
+    amp_of = lambda name: "bf16" if dry and name == "fp16" else name
+    out = b.out
+
+    def environment():
+        version = b.ringtrain("--version")
+        env = {"ringtrain_version": version.strip().splitlines(),
+               "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+               "cuda_available": torch.cuda.is_available()}
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+            env["gpus"] = torch.cuda.device_count()
+        try:
+            import torchvision
+            env["torchvision"] = torchvision.__version__
+        except ImportError:
+            env["torchvision"] = None
+        b.report["environment"] = env
+        if not dry and "CUDA available" not in version:
+            raise Failed("ringtrain finds no CUDA device", **env)
+        return env
+
+    b.check("environment", "correctness", environment)
+
+    demo = out / "demo"
+
+    def demo_run():
+        b.ringtrain("demo", "--out", demo, "--device", dev, *(["--epochs", "1"] if dry else []))
+        best = max(r["val_top1"] for r in metrics(demo))
+        if not dry and best < 0.9:
+            raise Failed(f"demo reached {best:.3f} validation top-1 (the CPU reaches about 0.92)", val_top1=best)
+        return {"val_top1": best, "epochs": len(metrics(demo))}
+
+    b.check("demo", "correctness", demo_run)
+    # Small sets cut from the demo's images (the shapes of the CPU tests: 36 px), made when a
+    # check first needs them; a run of --only some checks reuses the demo data of an earlier run.
+    def shapes(name, classes, n, split="train"):
+        if not (out / "sets" / name).is_dir():
+            if not (demo / "data" / split).is_dir():
+                raise Failed(f"no demo data in {demo / 'data'}: the demo check makes it")
+            subset(demo / "data" / split, out / "sets" / name, classes, n)
+        return out / "sets" / name
+
+    def data():
+        """The (train, test) folders of the one-epoch runs, eval/predict and the input pipeline."""
+        if dry:
+            return shapes("tiny-train", 3, 8), shapes("tiny-val", 3, 4, "val")
+        root = args.data or demo / "data"
+        test = next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
+        if not (root / "train").is_dir() or test is None:
+            raise Failed(f"{root} has no train/ with test/ or val/ beside it")
+        return root / "train", test
+
+    size = 32 if dry else 128
+
+    def seedlings(name):
+        run, amp = out / f"one-epoch-{name}", amp_of(name)
+        train, test = data()
+        b.ringtrain("train", "--data", train, "--val", test, "--out", run, "--overwrite",
+                    "--model", "resnet18", "--img-size", size, "--epochs", 1, "--batch-size", 64 if not dry else 8,
+                    "--amp", amp, "--channels-last", "--device", dev, "--seed", 1, "--log-every", 0)
+        m = metrics(run)[-1]
+        if not math.isfinite(m["train_loss"]):
+            raise Failed("the training loss is not finite", **m)
+        return {k: m[k] for k in ("train_loss", "val_top1", "images_per_s", "skipped_steps")}
+
+    b.check("one_epoch_fp16", "correctness", lambda: seedlings("fp16"))
+    b.check("one_epoch_bf16", "correctness", lambda: seedlings("bf16"))
+
+    def eval_predict():
+        ckpt, (_, data_test), found = out / "one-epoch-bf16" / "last", data(), {}
+        for d in (dev, "cpu"):
+            text = b.ringtrain("eval", "--checkpoint", ckpt, "--data", data_test, "--device", d,
+                               "--out", out / f"eval-{d}")
+            found[f"eval_top1_{d}"] = json.loads((out / f"eval-{d}" / "metrics.json").read_text())["classification_report"]["accuracy"]
+            b.ringtrain("predict", "--checkpoint", ckpt, "--device", d, "--out", out / f"predict-{d}.csv", data_test)
+        rows = {d: {r["path"]: r for r in csv.DictReader(open(out / f"predict-{d}.csv"))} for d in (dev, "cpu")}
+        paths = rows["cpu"].keys()
+        same = sum(rows[dev][p]["predicted"] == rows["cpu"][p]["predicted"] for p in paths) / len(paths)
+        prob = max(abs(float(rows[dev][p]["probability"]) - float(rows["cpu"][p]["probability"])) for p in paths)
+        found.update(images=len(paths), same_top1=same, max_probability_difference=prob)
+        if same < AGREEMENT:
+            raise Failed(f"{dev} and CPU agree on the top-1 class of {same:.2%} of the images", **found)
+        return found
+
+    b.check("eval_predict_vs_cpu", "correctness", eval_predict)
+
+    def small(run, model, *extra, epochs=2, batch=16, lr="0.05", long=False, log_every=0):
+        classes, n = (8, 64) if long else (3, 16)
+        train, val = shapes(f"train-{classes}x{n}", classes, n), shapes(f"val-{classes}x4", classes, 4, "val")
+        return ["train", "--data", train, "--val", val, "--out", run, "--overwrite", "--model", model,
+                "--img-size", 32, "--epochs", epochs, "--batch-size", batch, "--lr", lr, "--sched", "constant",
+                "--device", dev, "--seed", 1, "--workers", 1, "--log-every", log_every, *extra]
+
+    world_of_one = lambda: {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+
+    def nccl_world_1():
+        # What the built-in launcher gives each worker: the rendezvous, the NCCL group, SyncBN.
+        text = b.ringtrain(*small(out / "world1", "resnet10-tiny", "--sync-bn", epochs=1), env=world_of_one())
+        backend = "Gloo" if dry else "Nccl"
+        if not ("distributed: 1 ranks" in text and backend in text and "SyncBatchNorm" in text):
+            raise Failed(f"no {backend} group of 1 rank with SyncBatchNorm in the banner")
+        return {"backend": backend, "val_top1": metrics(out / "world1")[-1]["val_top1"]}
+
+    b.check("nccl_world_size_1", "correctness", nccl_world_1)
+
+    two_ranks = ["--nproc-per-node", 2, "--devices", "0,0", "--dist-backend", "gloo"]
+
+    def lenet_two_ranks():
+        init = small(out / "lenet-init", "lenet5", "--momentum", 0, epochs=1, batch=48, lr="1e-30")
+        b.ringtrain(*init)
+        b.ringtrain(*small(out / "lenet-single", "lenet5"))
+        b.ringtrain(*small(out / "lenet-dual", "lenet5", *two_ranks))
+        w = {n: weights(out / f"lenet-{n}") for n in ("init", "single", "dual")}
+        r = rel_diff(w["dual"], w["single"], w["single"], w["init"])
+        found = {"relative_difference": r, "bound": LENET_SAME}
+        if r > LENET_SAME:
+            raise Failed(f"2 ranks x 8 and 1 x 16 differ by {r:.1e} of the update (CPU bound {LENET_SAME})", **found)
+        return found
+
+    b.check("two_ranks_one_gpu_gloo", "correctness", lenet_two_ranks)
+
+    def sync_bn_two_ranks():
+        # One step on 48 images (2 x 24 against 1 x 48), no momentum, large lr: the SyncBN
+        # gradient itself; channels_last as on CUDA by default.
+        one = lambda name, *extra, lr="0.5": small(out / f"bn-{name}", "resnet10-tiny", "--momentum", 0,
+                                                    "--channels-last", *extra, epochs=1, batch=48, lr=lr)
+        b.ringtrain(*one("init", lr="1e-30"))
+        b.ringtrain(*one("single"))
+        text = b.ringtrain(*one("sync", *two_ranks, "--sync-bn"))
+        b.ringtrain(*one("nosync", *two_ranks))
+        if "SyncBatchNorm" not in text:
+            raise Failed("the 2-rank run did not say SyncBatchNorm")
+        w = {n: weights(out / f"bn-{n}") for n in ("init", "single", "sync", "nosync")}
+        rel = lambda other: rel_diff(w["sync"], other, w["single"], w["init"])
+        found = {"sync_vs_single": rel(w["single"]), "bound": SYNC_BN_SAME,
+                 "per_rank_bn_vs_sync": rel(w["nosync"]), "must_exceed": PER_RANK_BN_DIFFERENT}
+        if found["sync_vs_single"] > SYNC_BN_SAME or found["per_rank_bn_vs_sync"] < PER_RANK_BN_DIFFERENT:
+            raise Failed("SyncBatchNorm over 2 ranks is not one process's BatchNorm", **found)
+        return found
+
+    b.check("two_ranks_one_gpu_sync_bn", "correctness", sync_bn_two_ranks)
+
+    def fp16_overflow():
+        run = out / "overflow"
+        b.ringtrain(*small(run, "resnet10-tiny", "--amp", amp_of("fp16"), "--init-loss-scale", OVERFLOW_SCALE,
+                           epochs=1, batch=32, lr="0.01", long=True))
+        m = metrics(run)[-1]
+        scaler = state(run / "last").get("scaler") or {}
+        found = {"skipped_steps": m["skipped_steps"], "steps": 512 // 32, "scale_after": scaler.get("scale"),
+                 "initial_scale": OVERFLOW_SCALE, "train_loss": m["train_loss"]}
+        if dry:
+            return found  # bf16 has no scaler: the command line and the readers are what is checked
+        if not (1 <= m["skipped_steps"] < found["steps"] and scaler.get("scale", OVERFLOW_SCALE) < OVERFLOW_SCALE
+                and math.isfinite(m["train_loss"])):
+            raise Failed("an overflowing fp16 scale was not skipped and backed off", **found)
+        return found
+
+    b.check("fp16_overflow_backs_off", "correctness", fp16_overflow)
+
+    def sigterm_resume():
+        found = {}
+        for deterministic in (True, False):
+            tag = "deterministic" if deterministic else "default"
+            cmd = lambda run: [str(b.bin), *map(str, small(run, "resnet10-tiny", "--deterministic", str(deterministic).lower(),
+                                                      long=True, log_every=1))]
+            straight, term = out / f"resume-{tag}-straight", out / f"resume-{tag}-term"
+            b.run(cmd(straight))
+            b.say("+ " + " ".join(cmd(term)) + "   (SIGTERM at epoch 2, step 3)")
+            p = subprocess.Popen(cmd(term), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            sent = False
+            for line in p.stdout:
+                b.log.write(line)
+                if not sent and "epoch 2/2 step 3/" in line:
+                    p.send_signal(signal.SIGTERM)
+                    sent = True
+            rc = p.wait()
+            if rc != 143:
+                raise Failed(f"SIGTERM mid-epoch: exit {rc}, expected 143 (sent: {sent})")
+            mid = state(term / "last").get("mid_epoch")
+            b.run(cmd(term) + ["--resume", "auto"])
+            same = {f: (straight / "last" / f).read_bytes() == (term / "last" / f).read_bytes()
+                    for f in ("model.safetensors", "optimizer.safetensors")}
+            found[tag] = {"saved_at_step_of_epoch_2": (mid or {}).get("steps"), "bit_identical": all(same.values())}
+            if not all(same.values()):
+                a, s = weights(term), weights(straight)
+                found[tag]["max_abs_difference"] = max((a[k] - s[k]).abs().max().item() for k in a)
+        return found
+
+    b.check("sigterm_then_resume", "correctness", sigterm_resume)
+
+    # ---- speed ----------------------------------------------------------------------------------
+    steps = [("resnet50", 256, 224, 50, 15), ("resnet18-cifar", 512, 32, 200, 30)]
+    if dry:
+        steps = [("resnet50", 2, 32, 2, 1), ("resnet18-cifar", 4, 32, 2, 1)]
+    for model, batch, img, n, warm in steps:
+        common = ["bench", "--model", model, "--batch-size", batch, "--img-size", img, "--device", dev,
+                  "--steps", n, "--warmup", warm]
+        for amp in ("bf16", "fp16"):
+            b.check(f"step_{model}_{amp}", "speed", lambda amp=amp, common=common: bench_figures(b.ringtrain(
+                *common, "--amp", amp_of(amp), "--channels-last", "true", "--vs-pytorch", "--python", b.python),
+                vs_pytorch=True, memory=not dry))
+        b.check(f"step_{model}_ringtrain_defaults", "speed",
+                lambda common=common: bench_figures(b.ringtrain(*common), vs_pytorch=False, memory=not dry))
+        for amp in ("bf16", "fp16") if model == "resnet50" else ("bf16",):
+            def compiled(model=model, batch=batch, img=img, amp=amp, n=n, warm=warm):
+                # torch.compile of the same step; in a dry run compile is disabled (no inductor
+                # build on the CPU), which still runs the script's path.
+                env = {"TORCH_STEP_COMPILE": "1", **({"TORCH_COMPILE_DISABLE": "1"} if dry else {})}
+                text = b.run([b.python, HERE / "torch_step.py", model, batch, img, amp_of(amp), 1, dev, n, warm,
+                              min(10, n)], env=env)
+                return json.loads(text.strip().splitlines()[-1])
+            b.check(f"step_{model}_{amp}_torch_compile", "speed", compiled)
+
+    def end_to_end():
+        batch, img = (8, 32) if dry else (256, 224)
+        text = b.ringtrain("bench-data", "--data", data()[0], "--model", "resnet18" if dry else "resnet50",
+                           "--amp", "bf16", "--device", dev, "--batch-size", batch, "--img-size", img,
+                           *(["--workers", 1, "--epochs", 1] if dry else []), "--vs-pytorch", "--python", b.python)
+        return bench_figures(text, vs_pytorch=True, memory=False)
+
+    b.check("end_to_end_resnet50_bf16", "speed", end_to_end)
+
+    shared = HERE / "shared" / "bench_loader.py"
+    if shared.is_file() and not dry:
+        def shared_loader():
+            text = b.run([b.python, shared, data()[0], 16])
+            return {m.group(1) + ("_train" if m.group(2) == "True" else "_alone"): float(m.group(3))
+                    for m in re.finditer(r"workers=(\d+) train=(\w+): ([\d.]+) img/s", text)}
+        b.check("shared_bench_loader", "speed", shared_loader)
+    return finish(b)
+
+
+def finish(b):
+    failed = [c["name"] for c in b.report["checks"] if c["kind"] == "correctness" and c["passed"] is not True]
+    b.report["correctness_failed"] = failed
+    b.report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    b.save()
+    b.say(f"\n{len(b.report['checks'])} checks; correctness failed: {', '.join(failed) or 'none'}; "
+          f"{b.out / 'battery.json'}")
+    return 1 if failed else 0
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bin", type=Path, default=default_binary())
+    p.add_argument("--data", type=Path)
+    p.add_argument("--out", type=Path, default=Path("runs/gpu-battery"))
+    p.add_argument("--only", help="run only these checks (comma-separated names as in battery.json, or "
+                                  "'correctness' or 'speed')")
+    p.add_argument("--budget", type=float, default=570, help="seconds for the whole battery")
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args()
+    if a.data is not None and not a.data.is_dir():
+        p.error(f"--data {a.data}: no such folder")
+    a.bin = a.bin.resolve()
+    a.out = a.out.resolve()
+    return a
+
+
+def default_binary():
+    bundled = HERE.parent / "ringtrain"  # bench/ inside a bundle, beside its launcher
+    if (HERE.parent / "BUILD").is_file():
+        return bundled
+    target = Path(os.environ.get("CARGO_TARGET_DIR", HERE.parent / "target"))
+    return target / "release" / "ringtrain"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+//! The bundle for machines with PyTorch but no Rust (scripts/bundle.sh), and the GPU battery
+//! (bench/gpu.sh), checked on this machine: the bundle's binary keeps no path of the build
+//! machine and loads the libtorch its launcher finds; the battery runs its whole sequence dry on
+//! the CPU, from a bundle, in a folder that is not the repository.
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `scripts/bundle.sh args...` with the binary under test.
+fn bundle(args: &[&Path]) -> Output {
+    Command::new("bash")
+        .arg(repo().join("scripts/bundle.sh"))
+        .args(args)
+        .env("RINGTRAIN_BIN", env!("CARGO_BIN_EXE_ringtrain"))
+        .output()
+        .unwrap()
+}
+
+fn bundled(dir: &Path) -> PathBuf {
+    let b = dir.join("bundle");
+    let o = bundle(&[&b]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    b
+}
+
+/// The bundle's launcher (or another program of it), run from `cwd` with nothing on the library
+/// path: what it loads, it found itself.
+fn launch(program: &Path, args: &[&str], cwd: &Path, envs: &[(&str, &str)]) -> Output {
+    Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("LD_LIBRARY_PATH")
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn the_bundle_finds_libtorch_through_its_launcher_only() {
+    let d = tempfile::tempdir().unwrap();
+    let b = bundled(d.path());
+    for f in [
+        "ringtrain",
+        "bin/ringtrain",
+        "BUILD",
+        "recipes/demo.toml",
+        "bench/gpu.sh",
+        "bench/gpu_battery.py",
+        "bench/jpeg_copy.py",
+        "bench/torch_step.py",
+        "bench/torch_loader.py",
+    ] {
+        assert!(b.join(f).is_file(), "the bundle lacks {f}");
+    }
+    let build = std::fs::read_to_string(b.join("BUILD")).unwrap();
+    assert!(build.contains("libtorch=2.11.0\n") && build.contains("torch=2.11.0"), "{build}");
+
+    // The binary alone cannot start: the build's libtorch is not in its search path.
+    let bare = launch(&b.join("bin/ringtrain"), &["--version"], d.path(), &[]);
+    assert!(
+        !bare.status.success() && text(&bare).contains("libtorch"),
+        "the bundled binary still finds the build's libtorch by itself: {}",
+        text(&bare)
+    );
+    // The launcher finds it: through $RINGTRAIN_PYTHON's torch, or $RINGTRAIN_LIBTORCH.
+    let torch_lib = common::run_python_code("import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))");
+    let torch_lib = torch_lib.trim();
+    for envs in [vec![], vec![("RINGTRAIN_LIBTORCH", torch_lib)]] {
+        let o = launch(&b.join("ringtrain"), &["--version"], d.path(), &envs);
+        assert!(o.status.success() && text(&o).contains("libtorch 2.11.0"), "{envs:?}: {}", text(&o));
+    }
+    // What it cannot find, it names, in one line, with exit code 2.
+    let nowhere = d.path().join("nowhere");
+    for (envs, says) in [
+        (vec![("RINGTRAIN_LIBTORCH", nowhere.to_str().unwrap())], "holds no libtorch_cpu.so"),
+        (vec![("RINGTRAIN_PYTHON", nowhere.to_str().unwrap())], "cannot find libtorch"),
+    ] {
+        let o = launch(&b.join("ringtrain"), &["--version"], d.path(), &envs);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.code() == Some(2) && err.contains(says) && err.trim().lines().count() == 1,
+            "{envs:?}: {err}"
+        );
+    }
+
+    // A second bundle replaces the first; a folder holding anything else is refused, untouched.
+    assert!(bundle(&[&b]).status.success());
+    let other = d.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    let o = bundle(&[&other]);
+    assert!(o.status.code() == Some(2) && text(&o).contains("is not a ringtrain bundle"), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(other.join("notes.txt")).unwrap(), "mine");
+}
+
+/// The GPU battery's whole sequence on the CPU at tiny sizes, from a bundle, so that a typo in a
+/// command line or a reader cannot waste a GPU run: every check runs and passes.
+#[test]
+fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
+    let d = tempfile::tempdir().unwrap();
+    let b = bundled(d.path());
+    let out = d.path().join("battery");
+    let o = launch(
+        Path::new("bash"),
+        &[b.join("bench/gpu.sh").to_str().unwrap(), "--dry-run", "--out", out.to_str().unwrap()],
+        d.path(),
+        &[],
+    );
+    let report: serde_json::Value = match std::fs::read(out.join("battery.json")) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
+        Err(e) => panic!("no battery.json ({e}): {}", text(&o)),
+    };
+    assert!(o.status.success(), "{}\n{report:#}", text(&o));
+    assert_eq!(report["dry_run"], true);
+    assert!(report["ringtrain"].as_str().unwrap().ends_with("bundle/ringtrain"), "{}", report["ringtrain"]);
+    let checks = report["checks"].as_array().unwrap();
+    let names: Vec<String> = checks.iter().map(|c| c["name"].as_str().unwrap().to_string()).collect();
+    let mut want: Vec<String> = [
+        "environment",
+        "demo",
+        "one_epoch_fp16",
+        "one_epoch_bf16",
+        "eval_predict_vs_cpu",
+        "nccl_world_size_1",
+        "two_ranks_one_gpu_gloo",
+        "two_ranks_one_gpu_sync_bn",
+        "fp16_overflow_backs_off",
+        "sigterm_then_resume",
+    ]
+    .map(String::from)
+    .to_vec();
+    for (model, compiled) in [("resnet50", &["bf16", "fp16"][..]), ("resnet18-cifar", &["bf16"][..])] {
+        for step in ["bf16", "fp16", "ringtrain_defaults"] {
+            want.push(format!("step_{model}_{step}"));
+        }
+        want.extend(compiled.iter().map(|amp| format!("step_{model}_{amp}_torch_compile")));
+    }
+    want.push("end_to_end_resnet50_bf16".into());
+    assert_eq!(names, want);
+    for c in checks {
+        assert_eq!(c["passed"], true, "{c:#}");
+    }
+    // The readers found the figures the commands printed.
+    let details = |name: &str| &checks.iter().find(|c| c["name"] == name).unwrap()["details"];
+    assert!(details("step_resnet50_bf16")["ratio"].as_f64().unwrap() > 0.0);
+    assert!(details("two_ranks_one_gpu_gloo")["relative_difference"].as_f64().unwrap() <= 5e-6);
+    assert_eq!(details("sigterm_then_resume")["deterministic"]["bit_identical"], true);
+    assert!(out.join("battery.log").is_file());
+}
