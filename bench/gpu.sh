@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU battery: every CUDA path of ringtrain checked, then the speed figures against PyTorch
 # (ResNet-50 b256 224 px and ResNet-18-cifar b512 32 px in bf16 and fp16, ringtrain's defaults,
-# torch.compile, the input pipeline end to end), in at most 10 minutes on one H100, into one log
-# and one JSON file. From a repository or a bundle (scripts/bundle.sh):
+# torch.compile, the input pipeline end to end), into one log and one JSON file; written to fit 10
+# minutes on one H100 (--only correctness / --only speed split it). From a repository or a bundle
+# (scripts/bundle.sh):
 #
 #   bench/gpu.sh [--data DIR] [--out DIR] [--bin RINGTRAIN] [--only NAME,...] [--dry-run]
 #

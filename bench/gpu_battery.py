@@ -244,6 +244,7 @@ def main():
         return {"val_top1": best, "epochs": len(metrics(demo))}
 
     b.check("demo", "correctness", demo_run)
+
     # Small sets cut from the demo's images (the shapes of the CPU tests: 36 px), made when a
     # check first needs them; a run of --only some checks reuses the demo data of an earlier run.
     def shapes(name, classes, n, split="train"):
@@ -263,13 +264,11 @@ def main():
             raise Failed(f"{root} has no train/ with test/ or val/ beside it")
         return root / "train", test
 
-    size = 32 if dry else 128
-
     def seedlings(name):
         run, amp = out / f"one-epoch-{name}", amp_of(name)
-        train, test = data()
+        (train, test), (size, batch) = data(), ((32, 8) if dry else (128, 64))
         b.ringtrain("train", "--data", train, "--val", test, "--out", run, "--overwrite",
-                    "--model", "resnet18", "--img-size", size, "--epochs", 1, "--batch-size", 64 if not dry else 8,
+                    "--model", "resnet18", "--img-size", size, "--epochs", 1, "--batch-size", batch,
                     "--amp", amp, "--channels-last", "--device", dev, "--seed", 1, "--log-every", 0)
         m = metrics(run)[-1]
         if not math.isfinite(m["train_loss"]):
@@ -282,9 +281,9 @@ def main():
     def eval_predict():
         ckpt, (_, data_test), found = out / "one-epoch-bf16" / "last", data(), {}
         for d in (dev, "cpu"):
-            text = b.ringtrain("eval", "--checkpoint", ckpt, "--data", data_test, "--device", d,
-                               "--out", out / f"eval-{d}")
-            found[f"eval_top1_{d}"] = json.loads((out / f"eval-{d}" / "metrics.json").read_text())["classification_report"]["accuracy"]
+            b.ringtrain("eval", "--checkpoint", ckpt, "--data", data_test, "--device", d, "--out", out / f"eval-{d}")
+            report = json.loads((out / f"eval-{d}" / "metrics.json").read_text())["classification_report"]
+            found[f"eval_top1_{d}"] = report["accuracy"]
             b.ringtrain("predict", "--checkpoint", ckpt, "--device", d, "--out", out / f"predict-{d}.csv", data_test)
         rows = {d: {r["path"]: r for r in csv.DictReader(open(out / f"predict-{d}.csv"))} for d in (dev, "cpu")}
         paths = rows["cpu"].keys()

@@ -287,7 +287,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
     s.case("class and file names that look like options", &tiny(&d, &v2, &out, &["--epochs", "1"]), Warns(&[]), None);
 
     // ---- flags
-    let flag_cases: [(&str, &[&str], &[&str]); 15] = [
+    let flag_cases: [(&str, &[&str], &[&str]); 18] = [
         ("unknown model", &["--model", "resnet9000"], &["unknown --model 'resnet9000'"]),
         ("negative learning rate", &["--lr", "-0.1"], &["--lr must be a positive number"]),
         ("NaN learning rate", &["--lr", "NaN"], &["--lr must be a positive number"]),
@@ -304,6 +304,9 @@ fn hostile_inputs_and_faults_end_cleanly() {
         ("zero ranks", &["--nproc-per-node", "0"], &["--nproc-per-node must be at least 1"]),
         ("more CUDA ranks than GPUs", &["--nproc-per-node", "4", "--device", "cuda"], &["CUDA"]),
         ("crop padding as large as the image", &["--crop-padding", "32"], &["--crop-padding"]),
+        ("unknown c10d backend", &["--dist-backend", "mpi"], &["invalid --dist-backend 'mpi'"]),
+        ("NCCL on the CPU", &["--dist-backend", "nccl", "--nproc-per-node", "2"], &["--dist-backend nccl needs a CUDA device"]),
+        ("initial fp16 loss scale of 0", &["--init-loss-scale", "0"], &["--init-loss-scale must be positive"]),
     ];
     for (i, (what, flags, needles)) in flag_cases.iter().enumerate() {
         let out = fresh(&s, &format!("flag-{i}"));

@@ -33,7 +33,9 @@ pub fn check_data_settings(batch_size: usize, epochs: usize, img_size: u32, work
 /// repository on another machine), else beside the binary's folder (a bundle: bin/ringtrain and
 /// bench/, see scripts/bundle.sh), else in the source tree the binary was built from.
 pub fn script(name: &str) -> Result<PathBuf> {
-    let beside_binary = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.join("bench")));
+    let beside_binary = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("bench")));
     let candidates = [
         Some(Path::new("bench").join(name)),
         beside_binary.map(|b| b.join(name)),

@@ -65,7 +65,9 @@ impl Backend {
             Backend::Auto => Backend::auto(device),
             Backend::Gloo => Backend::Gloo,
             Backend::Nccl if !device.is_cuda() => {
-                return Err(user_error("--dist-backend nccl needs a CUDA device; on the CPU use gloo"))
+                return Err(user_error(
+                    "--dist-backend nccl needs a CUDA device; on the CPU use gloo",
+                ))
             }
             Backend::Nccl if !nccl_available() => {
                 return Err(user_error("--dist-backend nccl: this build of ringtrain has no NCCL"))
@@ -143,8 +145,8 @@ unsafe impl Send for ProcessGroup {}
 impl ProcessGroup {
     /// Rendezvous at master_addr:port (rank 0 hosts the store) and create the group of `backend`
     /// (`Auto`: NCCL on CUDA), whose collectives run on `device` (for NCCL a CUDA device, which
-    /// must be the current one: `dist::worker_device` makes it so). Fails with c10d's message when the port is taken or
-    /// the master does not answer within `timeout`.
+    /// must be the current one: `dist::worker_device` makes it so). Fails with c10d's message
+    /// when the port is taken or the master does not answer within `timeout`.
     pub fn new(
         backend: Backend,
         master_addr: &str,
