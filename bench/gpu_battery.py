@@ -75,10 +75,11 @@ class Battery:
     def left(self):
         return self.deadline - time.monotonic()
 
-    def run(self, argv, env=None, expect=0, timeout=None):
-        """Runs a command, logs it and its output; its output, or Failed on another exit code."""
+    def run(self, argv, env=None):
+        """Runs a command within the time left, logs it and its output; its output, or Failed
+        when it exits non-zero."""
         argv = [str(a) for a in argv]
-        limit = max(1.0, min(timeout or 1e9, self.left()))
+        limit = max(1.0, self.left())
         self.say("+ " + " ".join(argv))
         t0 = time.monotonic()
         try:
@@ -90,9 +91,9 @@ class Battery:
             raise Failed(f"timed out after {limit:.0f} s: {' '.join(argv[:3])} ...")
         self.log.write(p.stdout)
         self.say(f"  (exit {p.returncode}, {time.monotonic() - t0:.1f} s)")
-        if expect is not None and p.returncode != expect:
+        if p.returncode != 0:
             last = [l for l in p.stdout.strip().splitlines() if l.strip()][-1:] or [""]
-            raise Failed(f"exit {p.returncode} (expected {expect}): {last[0][:300]}")
+            raise Failed(f"exit {p.returncode}: {last[0][:300]}")
         return p.stdout
 
     def ringtrain(self, *args, **kw):
@@ -143,7 +144,8 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
 
 
 def weights(run):
-    """last/model.safetensors as float64 tensors (the format: 8-byte header size, JSON, data)."""
+    """last/model.safetensors as float64 tensors, read without the safetensors package (a GPU
+    machine may have torch alone): 8-byte header size, JSON header, data."""
     raw = (run / "last" / "model.safetensors").read_bytes()
     n = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8:8 + n])
@@ -296,8 +298,11 @@ def main():
 
     b.check("eval_predict_vs_cpu", "correctness", eval_predict)
 
+    # The CPU test's set (3 classes x 16: the dist bounds hold for it), and a longer one (8 x 64).
+    short_set, long_set = (3, 16), (8, 64)
+
     def small(run, model, *extra, epochs=2, batch=16, lr="0.05", long=False, log_every=0):
-        classes, n = (8, 64) if long else (3, 16)
+        classes, n = long_set if long else short_set
         train, val = shapes(f"train-{classes}x{n}", classes, n), shapes(f"val-{classes}x4", classes, 4, "val")
         return ["train", "--data", train, "--val", val, "--out", run, "--overwrite", "--model", model,
                 "--img-size", 32, "--epochs", epochs, "--batch-size", batch, "--lr", lr, "--sched", "constant",
@@ -359,11 +364,12 @@ def main():
                            epochs=1, batch=32, lr="0.01", long=True))
         m = metrics(run)[-1]
         scaler = state(run / "last").get("scaler") or {}
-        found = {"skipped_steps": m["skipped_steps"], "steps": 512 // 32, "scale_after": scaler.get("scale"),
+        steps = long_set[0] * long_set[1] // 32
+        found = {"skipped_steps": m["skipped_steps"], "steps": steps, "scale_after": scaler.get("scale"),
                  "initial_scale": OVERFLOW_SCALE, "train_loss": m["train_loss"]}
         if dry:
             return found  # bf16 has no scaler: the command line and the readers are what is checked
-        if not (1 <= m["skipped_steps"] < found["steps"] and scaler.get("scale", OVERFLOW_SCALE) < OVERFLOW_SCALE
+        if not (1 <= m["skipped_steps"] < steps and scaler.get("scale", OVERFLOW_SCALE) < OVERFLOW_SCALE
                 and math.isfinite(m["train_loss"])):
             raise Failed("an overflowing fp16 scale was not skipped and backed off", **found)
         return found

@@ -42,8 +42,8 @@ mkdir -p "$tmp/bin"
 cp "$bin" "$tmp/bin/ringtrain"
 # The build embeds its libtorch folder as the binary's run path. Overwrite it in place with
 # $ORIGIN (the bin/ folder, which holds no library), so the bundle can only load the libtorch
-# its launcher finds, on any machine.
-# The string lives in .dynstr (the same path also appears in libtorch's assertion messages).
+# its launcher finds, on any machine. The string to overwrite is the one in .dynstr: the same
+# path also appears in libtorch's assertion messages.
 runpath="$(readelf -d "$tmp/bin/ringtrain" | sed -n 's/.*Library runpath: \[\(.*\)\]$/\1/p')"
 if [ -n "$runpath" ]; then
   read -r start size < <(readelf -S -W "$tmp/bin/ringtrain" |
@@ -68,9 +68,10 @@ if [ -n "$refs" ]; then
 fi
 
 py="${RINGTRAIN_PYTHON:-python3}"
+version="$("$bin" --version)"
 {
-  echo "ringtrain=$("$bin" --version | sed -n 's/^ringtrain //p')"
-  echo "libtorch=$("$bin" --version | sed -n 's/^libtorch //p')"
+  echo "ringtrain=$(echo "$version" | sed -n 's/^ringtrain //p')"
+  echo "libtorch=$(echo "$version" | sed -n 's/^libtorch //p')"
   echo "torch=$("$py" -c 'import torch; print(torch.__version__)')"
   echo "commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), glibc $(ldd --version | sed -n '1s/.* //p')"

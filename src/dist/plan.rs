@@ -92,12 +92,11 @@ pub fn plan(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<Plan> 
         if let Some(bad) = d.iter().find(|&&i| cuda && i >= gpus) {
             return Err(user_error(format!("--devices: no CUDA device {bad} ({gpus} visible)")));
         }
-        if let Some(twice) = d.iter().enumerate().find_map(|(k, i)| d[..k].contains(i).then_some(i)) {
-            if cuda && nccl {
-                return Err(user_error(format!(
-                    "--devices lists GPU {twice} twice: NCCL needs a GPU per rank (--dist-backend gloo lets ranks share one)"
-                )));
-            }
+        let twice = d.iter().enumerate().find_map(|(k, i)| d[..k].contains(i).then_some(i));
+        if let Some(twice) = twice.filter(|_| cuda && nccl) {
+            return Err(user_error(format!(
+                "--devices lists GPU {twice} twice: NCCL needs a GPU per rank (--dist-backend gloo lets ranks share one)"
+            )));
         }
     }
     if o.nnodes == 0 || o.node_rank >= o.nnodes {
