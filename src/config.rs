@@ -131,6 +131,12 @@ pub struct TrainConfig {
     /// CIFAR-style training crop instead: Resize(img_size) + RandomCrop(img_size, padding=N).
     pub crop_padding: Option<u32>,
     pub hflip: bool,
+    /// torchvision's `zero_init_residual`: every residual block's last BatchNorm starts at 0.
+    pub zero_init_residual: bool,
+    /// Decode as torchvision does where ringtrain departs from it for speed: every JPEG whole,
+    /// none at 1/8 size in the DCT domain (also for `eval` and `predict` of the run's
+    /// checkpoints).
+    pub torchvision_compat: bool,
     pub mean: Vec<f64>,
     pub std: Vec<f64>,
     /// Data worker threads; default: the available cores.
@@ -234,6 +240,8 @@ impl Default for TrainConfig {
             channels_last: None,
             overwrite: false,
             strict: false,
+            torchvision_compat: false,
+            zero_init_residual: false,
             sync_bn: false,
             report_every_epoch: false,
             pretrained: None,
@@ -545,6 +553,9 @@ impl TrainConfig {
         }
         if self.workers == Some(0) || self.prefetch == 0 {
             bail_user!("--workers and --prefetch must be at least 1");
+        }
+        if self.zero_init_residual && self.model.residual_bn().is_none() {
+            bail_user!("--zero-init-residual needs a ResNet; --model {} has no residual blocks", self.model);
         }
         Ok(())
     }

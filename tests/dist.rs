@@ -95,10 +95,12 @@ fn run_env(args: &[String], envs: &[(&str, String)]) -> std::process::Output {
 //   differs): ≤ 7.6e-7 of the update (ATen without vectorisation; 5.1e-7 at the defaults); the
 //   validation losses (metrics.csv has 6 decimals) equal;
 // - fp16 all-reduce: 1.6e-4 from either fp32 run, at every setting (the rounding of the
-//   gradients to 11 bits, far above the fp32 runs' agreement).
+//   gradients to 11 bits, far above the fp32 runs' agreement); 1.0e-3 once the training crops
+//   were cut out before resizing (2026-11-24: other pixels, another path through six chaotic
+//   steps). The bound is six steps' worth of rounding to 11 bits, 6 × 2^-11.
 const SAME: f64 = 5e-6;
 const VAL_LOSS: f64 = 1e-5;
-const FP16_CLOSE: f64 = 1e-3;
+const FP16_CLOSE: f64 = 3e-3;
 const FP16_DIFFERENT: f64 = 3e-5;
 
 /// Data parallelism without BatchNorm: 2 ranks with half batches against one process, in fp32

@@ -287,7 +287,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
     s.case("class and file names that look like options", &tiny(&d, &v2, &out, &["--epochs", "1"]), Warns(&[]), None);
 
     // ---- flags
-    let flag_cases: [(&str, &[&str], &[&str]); 18] = [
+    let flag_cases: [(&str, &[&str], &[&str]); 19] = [
         ("unknown model", &["--model", "resnet9000"], &["unknown --model 'resnet9000'"]),
         ("negative learning rate", &["--lr", "-0.1"], &["--lr must be a positive number"]),
         ("NaN learning rate", &["--lr", "NaN"], &["--lr must be a positive number"]),
@@ -307,6 +307,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
         ("unknown c10d backend", &["--dist-backend", "mpi"], &["invalid --dist-backend 'mpi'"]),
         ("NCCL on the CPU", &["--dist-backend", "nccl", "--nproc-per-node", "2"], &["--dist-backend nccl needs a CUDA device"]),
         ("initial fp16 loss scale of 0", &["--init-loss-scale", "0"], &["--init-loss-scale must be positive"]),
+        ("zero-initialised residuals without residual blocks", &["--zero-init-residual", "--model", "lenet5"], &["--zero-init-residual needs a ResNet"]),
     ];
     for (i, (what, flags, needles)) in flag_cases.iter().enumerate() {
         let out = fresh(&s, &format!("flag-{i}"));

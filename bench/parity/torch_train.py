@@ -19,7 +19,8 @@ from sklearn.metrics import f1_score
 from torchvision import transforms as T
 
 SUPPORTED = {"model", "img_size", "crop_scale", "epochs", "batch_size", "optimizer", "lr", "momentum",
-             "weight_decay", "label_smoothing", "sched", "warmup_epochs", "device", "amp", "log_every"}
+             "weight_decay", "label_smoothing", "sched", "warmup_epochs", "device", "amp", "log_every",
+             "torchvision_compat"}
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 

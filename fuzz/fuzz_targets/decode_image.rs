@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let size = 4 + data.len() as u32 % 61;
     let t = Transform::Eval { size, resize: size + size / 8 };
     let path = std::path::Path::new("fuzz-input");
-    if let Ok((img, bx)) = decode_bytes_for(data, path, size, |w, h| resize_center_crop_box(w, h, size + size / 8, size)) {
+    if let Ok((img, bx)) = decode_bytes_for(data, path, Some(size), |w, h| resize_center_crop_box(w, h, size + size / 8, size)) {
         let mut out = vec![0u8; (size * size * 3) as usize];
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
         let _ = t.finish(&img, bx, &mut rng, &mut out);

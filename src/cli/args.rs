@@ -330,6 +330,14 @@ pub struct TrainArgs {
     pub crop_padding: Option<u32>,
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub hflip: Option<bool>,
+    /// Start every residual block's last BatchNorm weight at 0, so each block starts as the
+    /// identity (torchvision's zero_init_residual=True; ResNets only).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub zero_init_residual: Option<bool>,
+    /// Decode exactly as torchvision does, giving up speed: every JPEG whole, none at 1/8 size
+    /// when the crop shrinks it 8× or more (also for eval and predict of this run).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub torchvision_compat: Option<bool>,
     /// Normalisation mean per channel (ImageNet's by default).
     #[arg(long, value_delimiter = ',')]
     pub mean: Option<Vec<f64>>,

@@ -1,10 +1,11 @@
 //! Image file → RGB8 pixels. Any mode (grayscale, RGBA, 16-bit, palette) becomes RGB, as PIL's
 //! `convert("RGB")` does (alpha is dropped, not composited).
 //!
-//! `decode_for` knows what the transform will keep: a JPEG whose kept box will be shrunk by 8×
-//! or more is decoded at 1/8 of its size in the DCT domain (libjpeg's scaled decode, here
-//! `jpeg-decoder`'s): one coefficient per 8×8 block instead of an inverse DCT, and the box still
-//! holds at least the output's pixels. Only 1/8 pays: on 600×600 JPEGs `jpeg-decoder` took 2.76,
+//! `decode_for` knows what the transform will keep: unless told to decode whole (as PIL does,
+//! `--torchvision-compat`), a JPEG whose kept box will be shrunk by 8× or more is decoded at 1/8
+//! of its size in the DCT domain (libjpeg's scaled decode, here `jpeg-decoder`'s): one
+//! coefficient per 8×8 block instead of an inverse DCT, and the box still holds at least the
+//! output's pixels. Only 1/8 pays: on 600×600 JPEGs `jpeg-decoder` took 2.76,
 //! 2.32, 1.94 and 1.06 ms at 1/1, 1/2, 1/4 and 1/8 against 1.49 ms for the `image` crate's full
 //! decode (zune-jpeg), so milder shrinking decodes whole.
 use std::io::Cursor;
@@ -57,21 +58,26 @@ fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage> {
 }
 
 /// Decodes `path` for a transform that takes the box `plan(width, height)` of the image down to
-/// `size`×`size`; returns the pixels and that box in their coordinates. `plan` is called once,
-/// whatever the path taken, so the transform's random draws do not depend on it.
-pub fn decode_for(path: &Path, size: u32, plan: impl FnOnce(u32, u32) -> CropBox) -> Result<(RgbImage, CropBox)> {
+/// `shrink_to`×`shrink_to` (None: decode whole, whatever the transform keeps); returns the
+/// pixels and that box in their coordinates. `plan` is called once, whatever the path taken, so
+/// the transform's random draws do not depend on it.
+pub fn decode_for(
+    path: &Path,
+    shrink_to: Option<u32>,
+    plan: impl FnOnce(u32, u32) -> CropBox,
+) -> Result<(RgbImage, CropBox)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot open image {}", path.display()))?;
-    decode_bytes_for(&bytes, path, size, plan)
+    decode_bytes_for(&bytes, path, shrink_to, plan)
 }
 
 /// `decode_for` on a file's bytes (`path` only names it in errors): the fuzzing entry point.
 pub fn decode_bytes_for(
     bytes: &[u8],
     path: &Path,
-    size: u32,
+    shrink_to: Option<u32>,
     plan: impl FnOnce(u32, u32) -> CropBox,
 ) -> Result<(RgbImage, CropBox)> {
-    if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+    if let (Some(size), true) = (shrink_to, bytes.starts_with(&[0xFF, 0xD8, 0xFF])) {
         let mut dec = jpeg_decoder::Decoder::new(Cursor::new(bytes));
         if let (Ok(()), Some(info)) = (dec.read_info(), dec.info()) {
             let (w, h) = (info.width as u32, info.height as u32);
@@ -175,10 +181,14 @@ mod tests {
         ] {
             let (mut sum, mut worst, mut shrunk, n) = (0.0, 0u8, 0, 40);
             for i in 0..n {
+                // Told to decode whole (--torchvision-compat): the image itself, the same box.
+                let box_of = |w, h| t.source_box(w, h, &mut sample_rng(1, 0, i));
+                let (img, bx) = decode_for(&p, None, box_of).unwrap();
+                assert!(img == full && bx == box_of(640, 480), "{t:?}: not decoded whole");
                 let mut a = vec![0u8; 32 * 32 * 3];
                 t.apply(&full, &mut sample_rng(1, 0, i), &mut a).unwrap();
                 let rng = &mut sample_rng(1, 0, i);
-                let (img, bx) = decode_for(&p, 32, |w, h| t.source_box(w, h, rng)).unwrap();
+                let (img, bx) = decode_for(&p, Some(32), |w, h| t.source_box(w, h, rng)).unwrap();
                 shrunk += (img.width() < 640) as usize;
                 let mut b = vec![0u8; 32 * 32 * 3];
                 t.finish(&img, bx, rng, &mut b).unwrap();
@@ -194,7 +204,7 @@ mod tests {
             assert!(mean <= 1.0 && worst <= 16, "{t:?}: mean {mean}, worst {worst}");
         }
         // A PNG, or a JPEG whose box is not shrunk twofold, decodes whole.
-        let (img, _) = decode_for(&p, 400, |w, h| CropBox {
+        let (img, _) = decode_for(&p, Some(400), |w, h| CropBox {
             left: 0.0,
             top: 0.0,
             width: w as f64,

@@ -42,6 +42,7 @@ pub struct Loader {
     shard: Option<Shard>,
     normalize: Option<HostNormalize>,
     pin_memory: bool,
+    whole_jpeg: bool,
     pool: Arc<rayon::ThreadPool>,
 }
 
@@ -73,6 +74,9 @@ pub struct LoaderOptions {
     /// Build batches in pinned host memory (for a CUDA device), so their copy to it can be
     /// asynchronous. Falls back to ordinary memory where pinning is impossible.
     pub pin_memory: bool,
+    /// Decode every JPEG whole, as PIL does (`--torchvision-compat`), instead of at 1/8 size
+    /// when the transform shrinks it 8× or more.
+    pub whole_jpeg: bool,
 }
 
 impl LoaderOptions {
@@ -91,6 +95,7 @@ impl LoaderOptions {
             shard: None,
             normalize: None,
             pin_memory: false,
+            whole_jpeg: false,
         }
     }
 
@@ -124,6 +129,7 @@ impl Loader {
             shard: o.shard,
             normalize: o.normalize,
             pin_memory: o.pin_memory,
+            whole_jpeg: o.whole_jpeg,
             pool: Arc::new(pool),
         })
     }
@@ -206,13 +212,14 @@ impl Loader {
         let order = self.order(epoch);
         let (queue_tx, queue_rx) = sync_channel::<Receiver<Result<Batch>>>(self.prefetch.saturating_sub(1));
         let (samples, transform, pool) = (self.samples.clone(), self.transform.clone(), self.pool.clone());
-        let (bs, seed, n_batches, skip, normalize, pin_memory) = (
+        let (bs, seed, n_batches, skip, normalize, pin_memory, whole_jpeg) = (
             self.batch_size,
             self.seed,
             self.batches_per_epoch(),
             self.skip_unreadable,
             self.normalize,
             self.pin_memory,
+            self.whole_jpeg,
         );
         let handle = std::thread::Builder::new()
             .name("ringtrain-loader".into())
@@ -229,6 +236,7 @@ impl Loader {
                             skip_unreadable: skip,
                             normalize,
                             pin_memory,
+                            whole_jpeg,
                         };
                         let _ = tx.send(job.make(&chunk));
                     });
@@ -275,6 +283,7 @@ struct BatchJob<'a> {
     skip_unreadable: bool,
     normalize: Option<HostNormalize>,
     pin_memory: bool,
+    whole_jpeg: bool,
 }
 
 impl BatchJob<'_> {
@@ -352,7 +361,8 @@ impl BatchJob<'_> {
     fn load(&self, i: usize, out: &mut [u8]) -> Result<()> {
         let (path, _) = &self.samples[i];
         let rng = &mut seeds::sample(self.seed, self.epoch, i as u64);
-        let (img, bx) = decode_for(path, self.transform.size(), |w, h| self.transform.source_box(w, h, rng))?;
+        let shrink_to = (!self.whole_jpeg).then_some(self.transform.size());
+        let (img, bx) = decode_for(path, shrink_to, |w, h| self.transform.source_box(w, h, rng))?;
         self.transform
             .finish(&img, bx, rng, out)
             .with_context(|| format!("transforming {}", path.display()))

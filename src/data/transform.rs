@@ -1,5 +1,5 @@
-//! Geometric transforms with torchvision's semantics, each done as ONE antialiased bilinear
-//! resize of a (fractional) source box straight to the output size:
+//! Geometric transforms with torchvision's semantics (on PIL images), each done as ONE
+//! antialiased bilinear resize of a source box straight to the output size:
 //! - train: RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(0.5)
 //! - train, CIFAR style (`pad`): Resize(size) + RandomCrop(size, padding=pad) + flip
 //! - eval:  Resize(resize_size) (shorter side) + CenterCrop(size)
@@ -41,7 +41,8 @@ pub struct CropBox {
 }
 
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area and aspect ratio,
-/// then a centre crop with the ratio clamped into range.
+/// then a centre crop with the ratio clamped into range. Sizes are rounded as Python's `round`
+/// does (half to even).
 pub fn random_resized_crop_box(w: u32, h: u32, scale: (f64, f64), ratio: (f64, f64), rng: &mut impl Rng) -> CropBox {
     let (wf, hf) = (w as f64, h as f64);
     let area = wf * hf;
@@ -49,8 +50,8 @@ pub fn random_resized_crop_box(w: u32, h: u32, scale: (f64, f64), ratio: (f64, f
     for _ in 0..10 {
         let target = area * rng.gen_range(scale.0..=scale.1);
         let aspect = rng.gen_range(lr0..=lr1).exp();
-        let cw = (target * aspect).sqrt().round();
-        let ch = (target / aspect).sqrt().round();
+        let cw = (target * aspect).sqrt().round_ties_even();
+        let ch = (target / aspect).sqrt().round_ties_even();
         if cw > 0.0 && cw <= wf && ch > 0.0 && ch <= hf {
             let top = rng.gen_range(0..=(h - ch as u32)) as f64;
             let left = rng.gen_range(0..=(w - cw as u32)) as f64;
@@ -64,9 +65,9 @@ pub fn random_resized_crop_box(w: u32, h: u32, scale: (f64, f64), ratio: (f64, f
     }
     let in_ratio = wf / hf;
     let (cw, ch) = if in_ratio < ratio.0 {
-        (wf, (wf / ratio.0).round())
+        (wf, (wf / ratio.0).round_ties_even())
     } else if in_ratio > ratio.1 {
-        ((hf * ratio.1).round(), hf)
+        ((hf * ratio.1).round_ties_even(), hf)
     } else {
         (wf, hf)
     };
@@ -87,10 +88,11 @@ pub fn resize_center_crop_box(w: u32, h: u32, resize: u32, size: u32) -> CropBox
         ((resize as f64 * w as f64 / h as f64).trunc(), resize as f64)
     };
     let s = size as f64;
-    // CenterCrop: int(round((H - crop) / 2)); a crop larger than the image pads in torchvision,
-    // here it clamps to the image (only reachable with resize < size).
-    let top = ((nh - s) / 2.0).round().max(0.0);
-    let left = ((nw - s) / 2.0).round().max(0.0);
+    // CenterCrop: int(round((H - crop) / 2)), Python's round (73 px to 64: offset 4, not 5); a
+    // crop larger than the image pads in torchvision, here it clamps to the image (only
+    // reachable with resize < size).
+    let top = ((nh - s) / 2.0).round_ties_even().max(0.0);
+    let left = ((nw - s) / 2.0).round_ties_even().max(0.0);
     let (sx, sy) = (w as f64 / nw, h as f64 / nh);
     CropBox {
         left: left * sx,
@@ -101,6 +103,8 @@ pub fn resize_center_crop_box(w: u32, h: u32, resize: u32, size: u32) -> CropBox
 }
 
 /// Antialiased bilinear resize of `bx` in `img` to size×size, written into `out` (HWC RGB8).
+/// Near the box's edges the filter reads the pixels around it, as a resize of the whole image
+/// followed by a crop does (torchvision's Resize + CenterCrop).
 pub fn resize_box_into(img: &RgbImage, bx: CropBox, size: u32, out: &mut [u8]) -> Result<()> {
     let src = fr::images::ImageRef::new(img.width(), img.height(), img.as_raw(), fr::PixelType::U8x3)
         .context("source image")?;
@@ -110,6 +114,26 @@ pub fn resize_box_into(img: &RgbImage, bx: CropBox, size: u32, out: &mut [u8]) -
         .crop(bx.left, bx.top, bx.width, bx.height);
     fr::Resizer::new().resize(&src, &mut dst, &opts).context("resize")?;
     Ok(())
+}
+
+/// RandomResizedCrop's resize: torchvision cuts the box out first (PIL's `crop`, then `resize`),
+/// so near the box's edges the filter reads only pixels inside it. Reading the pixels around it
+/// instead changed up to 36 levels at the edges of CIFAR-sized crops. A box that does not lie on
+/// whole pixels (from a JPEG decoded at 1/8 size) cannot be cut and is resized in place.
+pub fn resize_cut_box_into(img: &RgbImage, bx: CropBox, size: u32, out: &mut [u8]) -> Result<()> {
+    let whole = [bx.left, bx.top, bx.width, bx.height].iter().all(|v| v.fract() == 0.0);
+    if !whole {
+        return resize_box_into(img, bx, size, out);
+    }
+    let (w, h) = (bx.width as u32, bx.height as u32);
+    let cut = image::imageops::crop_imm(img, bx.left as u32, bx.top as u32, w, h).to_image();
+    let all = CropBox {
+        left: 0.0,
+        top: 0.0,
+        width: w as f64,
+        height: h as f64,
+    };
+    resize_box_into(&cut, all, size, out)
 }
 
 fn flip_horizontal(buf: &mut [u8], size: usize) {
@@ -171,7 +195,10 @@ impl Transform {
 
     /// Step two: resize `bx` of `img` into `out`, then flip and erase (the remaining draws).
     pub fn finish(&self, img: &RgbImage, bx: CropBox, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
-        resize_box_into(img, bx, self.size(), out)?;
+        match self {
+            Transform::Train { pad: None, .. } => resize_cut_box_into(img, bx, self.size(), out)?,
+            _ => resize_box_into(img, bx, self.size(), out)?,
+        }
         if let Transform::Train {
             size,
             hflip,

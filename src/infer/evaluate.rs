@@ -76,6 +76,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
                 world: pg.world_size,
                 pad: false,
             }),
+            whole_jpeg: state.config.torchvision_compat,
             ..LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize)
         },
     )?;

@@ -130,7 +130,10 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
             size: state.img_size,
             resize: state.eval_resize,
         },
-        LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize),
+        LoaderOptions {
+            whole_jpeg: state.config.torchvision_compat,
+            ..LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize)
+        },
     )?;
     let k = o.topk.min(state.classes.len());
     let mut predictions = Vec::new();

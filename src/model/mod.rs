@@ -61,6 +61,15 @@ impl ModelKind {
         }
     }
 
+    /// The BatchNorm that ends every residual block, which torchvision's `zero_init_residual`
+    /// starts at 0: `bn2` of a basic block, `bn3` of a bottleneck (None: not a ResNet).
+    pub fn residual_bn(self) -> Option<&'static str> {
+        self.resnet_spec().map(|s| match s.block {
+            Block::Basic => "bn2",
+            Block::Bottleneck => "bn3",
+        })
+    }
+
     fn resnet_spec(self) -> Option<ResNetSpec> {
         let imagenet = [64, 128, 256, 512];
         let (block, layers, widths, cifar_stem) = match self {
@@ -152,6 +161,27 @@ impl Model {
             net,
             bn_batches: 0,
         }
+    }
+
+    /// torchvision's `zero_init_residual=True`: the BatchNorm weight that ends every residual
+    /// block set to 0, so each block starts as the identity (Goyal et al., 2017, "Accurate,
+    /// Large Minibatch SGD"). Returns the number of tensors zeroed (0 for a model without
+    /// residual blocks).
+    pub fn zero_init_residual(&self) -> usize {
+        let Some(bn) = self.kind.residual_bn() else {
+            return 0;
+        };
+        let suffix = format!(".{bn}.weight");
+        let mut zeroed = 0;
+        tch::no_grad(|| {
+            for (name, mut t) in self.vs.variables() {
+                if name.starts_with("layer") && name.ends_with(&suffix) {
+                    let _ = t.zero_();
+                    zeroed += 1;
+                }
+            }
+        });
+        zeroed
     }
 
     /// The classifier head's name prefix, as in torchvision.

@@ -81,6 +81,7 @@ impl TrainData {
             seed: cfg.seed,
             prefetch: cfg.prefetch,
             skip_unreadable: !cfg.strict,
+            whole_jpeg: cfg.torchvision_compat,
             ..LoaderOptions::in_order(rank_batch, workers).for_device(&normalize)
         };
         let train = Loader::new(

@@ -109,6 +109,9 @@ impl Trainer {
         let device = pg.device;
         tch::manual_seed(seeds::init(cfg.seed));
         let mut model = Model::new(cfg.model, num_classes, device);
+        if cfg.zero_init_residual {
+            model.zero_init_residual();
+        }
         if let Some(path) = pretrained {
             let r = model.load_pretrained(path)?;
             say!(

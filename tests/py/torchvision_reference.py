@@ -8,6 +8,19 @@
       --logits` and torchvision's model with the checkpoint loaded, on the CSV's images
   torchvision_reference.py pil_pixels OUT SIZE RESIZE FILE...   PIL's RGB decode and torchvision's
       Resize(RESIZE) + CenterCrop(SIZE) of each file, as uint8 HWC tensors in OUT (safetensors)
+  torchvision_reference.py init_state OUTDIR NAME...   freshly initialised torchvision models
+      (torch.manual_seed(0)), OUTDIR/NAME.init.safetensors; NAME+zero_init_residual builds
+      NAME with zero_init_residual=True
+  torchvision_reference.py crop_boxes OUT N W:H:SCALE_MIN:SCALE_MAX...   N draws of
+      RandomResizedCrop.get_params per image size and scale (ratio 3/4 to 4/3), as int64
+      (top, left, height, width) rows in OUT (safetensors, one tensor per spec)
+  torchvision_reference.py transforms IMAGES JOBS OUT   torchvision's transforms on PIL images
+      made from the uint8 HWC tensors in IMAGES (safetensors), one per job of the JSON list JOBS:
+      {"image", "box": [top, left, height, width], "size"} is RandomResizedCrop's resized_crop,
+      {"image", "resize", "size"} is Resize + CenterCrop (both bilinear, antialiased); the
+      outputs as uint8 HWC tensors in OUT, keyed by job index
+  torchvision_reference.py jpeg_variants SRC OUTDIR   SRC saved by PIL as a grayscale JPEG
+      (OUTDIR/gray.jpg) and as a CMYK JPEG (OUTDIR/cmyk.jpg), both at size 96
   torchvision_reference.py sklearn_report JSON     sklearn's classification_report(output_dict=True)
   torchvision_reference.py tensorboard_scalars DIR scalars and texts as TensorBoard's reader sees them
   torchvision_reference.py grad_scaler STEPS BAD    GradScaler's scale and step decisions
@@ -121,6 +134,59 @@ def pil_pixels(out, size, resize, *files):
         tensors[f"decode/{i}"] = torch.from_numpy(np.asarray(img).copy())
         tensors[f"eval/{i}"] = torch.from_numpy(np.asarray(tf(img)).copy())
     save_file(tensors, out)
+
+
+def init_state(out, names):
+    """torchvision's own initialisation, untouched (models() randomises BatchNorm)."""
+    for name in names:
+        torch.manual_seed(0)
+        if name.endswith("+zero_init_residual"):
+            m = getattr(torchvision.models, name.split("+")[0])(num_classes=NUM_CLASSES, zero_init_residual=True)
+        else:
+            m, _ = build(name)
+        save_file({k: v.contiguous() for k, v in m.state_dict().items()}, f"{out}/{name}.init.safetensors")
+
+
+def crop_boxes(out, n, *specs):
+    from torchvision import transforms as T
+
+    torch.manual_seed(0)
+    tensors = {}
+    for spec in specs:
+        w, h, s0, s1 = spec.split(":")
+        img = torch.empty(3, int(h), int(w), dtype=torch.uint8)
+        boxes = [T.RandomResizedCrop.get_params(img, (float(s0), float(s1)), (3 / 4, 4 / 3)) for _ in range(int(n))]
+        tensors[spec] = torch.tensor(boxes, dtype=torch.int64)
+    save_file(tensors, out)
+
+
+def transforms(images, jobs, out):
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import load_file
+    from torchvision import transforms as T
+    from torchvision.transforms import functional as F
+
+    images = load_file(images)
+    tensors = {}
+    for i, job in enumerate(json.load(open(jobs))):
+        img = Image.fromarray(images[job["image"]].numpy())
+        size = job["size"]
+        if "box" in job:
+            top, left, h, w = job["box"]
+            result = F.resized_crop(img, top, left, h, w, [size, size], T.InterpolationMode.BILINEAR, antialias=True)
+        else:
+            result = T.CenterCrop(size)(T.Resize(job["resize"])(img))
+        tensors[str(i)] = torch.from_numpy(np.asarray(result).copy())
+    save_file(tensors, out)
+
+
+def jpeg_variants(src, out):
+    from PIL import Image
+
+    img = Image.open(src).convert("RGB").resize((96, 96), Image.BILINEAR)
+    img.convert("L").save(f"{out}/gray.jpg", quality=90)
+    img.convert("CMYK").save(f"{out}/cmyk.jpg", quality=90)
 
 
 def sklearn_report(path):
@@ -316,6 +382,14 @@ if __name__ == "__main__":
         predict_logits(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "pil_pixels":
         pil_pixels(*sys.argv[2:])
+    elif sys.argv[1] == "init_state":
+        init_state(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "crop_boxes":
+        crop_boxes(*sys.argv[2:])
+    elif sys.argv[1] == "transforms":
+        transforms(*sys.argv[2:])
+    elif sys.argv[1] == "jpeg_variants":
+        jpeg_variants(*sys.argv[2:])
     elif sys.argv[1] == "sklearn_report":
         sklearn_report(sys.argv[2])
     elif sys.argv[1] == "tensorboard_scalars":
