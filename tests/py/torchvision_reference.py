@@ -53,7 +53,7 @@ def build(name):
     return getattr(torchvision.models, name)(num_classes=NUM_CLASSES), size
 
 
-def models(out, names):
+def models(out, *names):
     for name in names:
         torch.manual_seed(0)
         m, size = build(name)
@@ -136,7 +136,7 @@ def pil_pixels(out, size, resize, *files):
     save_file(tensors, out)
 
 
-def init_state(out, names):
+def init_state(out, *names):
     """torchvision's own initialisation, untouched (models() randomises BatchNorm)."""
     for name in names:
         torch.manual_seed(0)
@@ -373,40 +373,12 @@ def sgd_step(root, size, weights, optim, out, wd="5e-4"):
     save_file({k: v.clone().contiguous() for k, v in m.state_dict().items()}, out)
 
 
+COMMANDS = [models, evaluate, predict_logits, pil_pixels, init_state, crop_boxes, transforms, jpeg_variants,
+            sklearn_report, tensorboard_scalars, grad_scaler, pixel_stats, optimizer, ema, plateau, sgd_step,
+            imagefolder]
+
 if __name__ == "__main__":
-    if sys.argv[1] == "models":
-        models(sys.argv[2], sys.argv[3:])
-    elif sys.argv[1] == "evaluate":
-        evaluate(*sys.argv[2:])
-    elif sys.argv[1] == "predict_logits":
-        predict_logits(sys.argv[2], sys.argv[3])
-    elif sys.argv[1] == "pil_pixels":
-        pil_pixels(*sys.argv[2:])
-    elif sys.argv[1] == "init_state":
-        init_state(sys.argv[2], sys.argv[3:])
-    elif sys.argv[1] == "crop_boxes":
-        crop_boxes(*sys.argv[2:])
-    elif sys.argv[1] == "transforms":
-        transforms(*sys.argv[2:])
-    elif sys.argv[1] == "jpeg_variants":
-        jpeg_variants(*sys.argv[2:])
-    elif sys.argv[1] == "sklearn_report":
-        sklearn_report(sys.argv[2])
-    elif sys.argv[1] == "tensorboard_scalars":
-        tensorboard_scalars(sys.argv[2])
-    elif sys.argv[1] == "grad_scaler":
-        grad_scaler(sys.argv[2], sys.argv[3])
-    elif sys.argv[1] == "pixel_stats":
-        pixel_stats(sys.argv[2])
-    elif sys.argv[1] == "optimizer":
-        optimizer(*sys.argv[2:])
-    elif sys.argv[1] == "ema":
-        ema(*sys.argv[2:])
-    elif sys.argv[1] == "plateau":
-        plateau(*sys.argv[2:])
-    elif sys.argv[1] == "sgd_step":
-        sgd_step(*sys.argv[2:])
-    elif sys.argv[1] == "imagefolder":
-        imagefolder(sys.argv[2])
-    else:
-        sys.exit(f"unknown command {sys.argv[1]}")
+    commands = {f.__name__: f for f in COMMANDS}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        sys.exit(f"unknown command {sys.argv[1:2]}: one of {', '.join(commands)}")
+    commands[sys.argv[1]](*sys.argv[2:])
