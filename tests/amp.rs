@@ -4,7 +4,7 @@
 mod common;
 
 use ringtrain::dist::process_group::ProcessGroup;
-use ringtrain::train::amp::GradScaler;
+use ringtrain::train::amp::{GradScaler, INIT_SCALE};
 use tch::{Device, Tensor};
 
 #[test]
@@ -13,7 +13,7 @@ fn grad_scaler_matches_pytorch_on_a_scripted_sequence() {
     let bad_arg = bad.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
     let reference: Vec<(f64, bool)> =
         serde_json::from_str(&common::run_python(&["grad_scaler", &steps.to_string(), &bad_arg])).unwrap();
-    let mut scaler = GradScaler::new(Device::Cpu, None);
+    let mut scaler = GradScaler::dynamic(Device::Cpu, INIT_SCALE);
     for (k, (want_scale, want_step)) in reference.iter().enumerate() {
         let g = if bad.contains(&k) {
             if k % 2 == 0 {

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 
 use ringtrain::config::{OptimizerKind, TrainConfig};
 use ringtrain::dist::process_group::ProcessGroup;
-use ringtrain::train::amp::GradScaler;
+use ringtrain::train::amp::{GradScaler, INIT_SCALE};
 use ringtrain::train::optim::{Optimizer, Placement};
 use ringtrain::train::schedule::{Plateau, PlateauState};
 use tch::{Device, Kind, Tensor};
@@ -103,17 +103,17 @@ fn optimizers_match_torch_optim_and_survive_a_state_round_trip() {
         // Straight through.
         let params = leaf_params(&init);
         let mut opt = new_optimizer(kind, &params);
-        let mut scaler = GradScaler::new(Device::Cpu, None);
+        let mut scaler = GradScaler::dynamic(Device::Cpu, INIT_SCALE);
         run_steps(&mut opt, &mut scaler, &params, 0..LRS.len());
         // Interrupted after 3 steps: state saved, a new optimizer and scaler load it and go on.
         let params2 = leaf_params(&init);
         let mut first = new_optimizer(kind, &params2);
-        let mut first_scaler = GradScaler::new(Device::Cpu, None);
+        let mut first_scaler = GradScaler::dynamic(Device::Cpu, INIT_SCALE);
         run_steps(&mut first, &mut first_scaler, &params2, 0..3);
         let saved: HashMap<String, Tensor> = first.state_tensors().into_iter().map(|(k, t)| (k, t.copy())).collect();
         let mut second = new_optimizer(kind, &params2);
         second.load_state(saved).unwrap();
-        let mut second_scaler = GradScaler::new(Device::Cpu, None);
+        let mut second_scaler = GradScaler::dynamic(Device::Cpu, INIT_SCALE);
         second_scaler.restore(&first_scaler.state());
         run_steps(&mut second, &mut second_scaler, &params2, 3..LRS.len());
         assert_eq!(second_scaler.state(), scaler.state());

@@ -187,13 +187,20 @@ fn random_resized_crop_boxes_are_distributed_as_torchvision_draws_them() {
     }
 }
 
-/// Twelve decoded images of each folder, sorted by name.
-fn images(folder: &str) -> Vec<(std::path::PathBuf, image::RgbImage)> {
-    let root = common::shared_data(folder);
-    let mut files: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
+/// The first `n` files of a shared data set's folder, by name.
+fn first_files(folder: &str, n: usize) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(common::shared_data(folder))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.sort();
-    files.truncate(12);
+    files.truncate(n);
     files
+}
+
+/// The first twelve images of a folder, decoded.
+fn images(folder: &str) -> Vec<(std::path::PathBuf, image::RgbImage)> {
+    first_files(folder, 12)
         .into_iter()
         .map(|f| {
             let img = ringtrain::data::decode::decode_rgb(&f).unwrap();
@@ -327,25 +334,20 @@ fn eval_transform_matches_torchvision_on_the_same_pixels() {
     assert!(worst <= 1.0 && mean <= 0.25, "the evaluation transform differs from torchvision's: mean {mean:.4}, worst {worst} levels");
 }
 
-/// Decoded JPEG pixels against PIL's (libjpeg-turbo): CIFAR-10's baseline RGB JPEGs, and a
-/// grayscale and a CMYK JPEG written by PIL. The two decoders' inverse DCTs and chroma
-/// upsampling round differently; the stated tolerance is what they measure.
+/// Grayscale and CMYK JPEGs, written by PIL from a CIFAR-10 image, decode as PIL decodes them
+/// (baseline RGB JPEGs: `tests/torchvision_parity.rs`). Measured: within 1 level, 0.006 and
+/// 0.007 on average; the tolerance is that of any JPEG (two decoders' inverse DCTs).
 #[test]
-fn decoded_jpeg_pixels_match_pil() {
+fn grayscale_and_cmyk_jpegs_decode_as_pil_decodes_them() {
     let dir = tempfile::tempdir().unwrap();
-    let cifar = common::shared_data("cifar10/test/ship");
-    let mut files: Vec<_> = std::fs::read_dir(&cifar).unwrap().map(|e| e.unwrap().path()).collect();
-    files.sort();
-    files.truncate(40);
-    common::run_python(&["jpeg_variants", files[0].to_str().unwrap(), dir.path().to_str().unwrap()]);
-    files.push(dir.path().join("gray.jpg"));
-    files.push(dir.path().join("cmyk.jpg"));
+    let source = &first_files("cifar10/test/ship", 1)[0];
+    common::run_python(&["jpeg_variants", source.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    let files = [dir.path().join("gray.jpg"), dir.path().join("cmyk.jpg")];
     let out = dir.path().join("pil.safetensors");
     let mut args = vec!["pil_pixels".to_string(), out.to_str().unwrap().into(), "8".into(), "8".into()];
     args.extend(files.iter().map(|p| p.to_str().unwrap().to_string()));
     common::run_python(&args.iter().map(|s| s.as_str()).collect::<Vec<_>>());
     let pil: HashMap<String, Tensor> = Tensor::read_safetensors(&out).unwrap().into_iter().collect();
-    let (mut worst, mut mean) = (0.0f64, 0.0f64);
     for (i, f) in files.iter().enumerate() {
         let img = ringtrain::data::decode::decode_rgb(f).unwrap();
         let ours = Tensor::from_slice(img.as_raw()).view([img.height() as i64, img.width() as i64, 3]);
@@ -354,14 +356,7 @@ fn decoded_jpeg_pixels_match_pil() {
         let d = (ours.to_kind(Kind::Float) - theirs.to_kind(Kind::Float)).abs();
         let (m, avg) = (d.max().double_value(&[]), d.mean(Kind::Float).double_value(&[]));
         let name = f.file_name().unwrap().to_string_lossy();
-        if !name.starts_with(char::is_numeric) {
-            eprintln!("{name}: max {m}, mean {avg:.3} levels from PIL");
-            assert!(m <= 6.0 && avg <= 0.5, "{name}: decoded {m} levels from PIL at worst, {avg:.3} on average");
-        } else {
-            worst = worst.max(m);
-            mean += avg / (files.len() - 2) as f64;
-        }
+        eprintln!("{name}: max {m}, mean {avg:.3} levels from PIL");
+        assert!(m <= 6.0 && avg <= 0.5, "{name}: decoded {m} levels from PIL at worst, {avg:.3} on average");
     }
-    eprintln!("{} CIFAR-10 JPEGs: max {worst}, mean {mean:.3} levels from PIL", files.len() - 2);
-    assert!(worst <= 6.0 && mean <= 0.5, "CIFAR-10 JPEGs decode {worst} levels from PIL at worst, {mean:.3} on average");
 }

@@ -150,7 +150,8 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
     common::run_python(&args.iter().map(|s| s.as_str()).collect::<Vec<_>>());
     let pil: HashMap<String, Tensor> = Tensor::read_safetensors(&out).unwrap().into_iter().collect();
     let transform = ringtrain::data::transform::Transform::Eval { size, resize };
-    let (mut worst_decode_jpeg, mut worst_resize, mut mean_resize) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut worst_decode_jpeg, mut mean_decode_jpeg, mut jpegs) = (0.0f64, 0.0f64, 0);
+    let (mut worst_resize, mut mean_resize) = (0.0f64, 0.0f64);
     for (i, f) in files.iter().enumerate() {
         let img = ringtrain::data::decode::decode_rgb(f).unwrap();
         let ours = Tensor::from_slice(img.as_raw())
@@ -158,11 +159,14 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
             .to_kind(tch::Kind::Int);
         let theirs = pil[&format!("decode/{i}")].to_kind(tch::Kind::Int);
         assert_eq!(ours.size(), theirs.size(), "{}", f.display());
-        let diff = (&ours - &theirs).abs().max().double_value(&[]);
+        let d = (&ours - &theirs).abs();
+        let diff = d.max().double_value(&[]);
         if f.extension().is_some_and(|e| e == "png") {
             assert_eq!(diff, 0.0, "PNG decode differs from PIL: {}", f.display());
         } else {
             worst_decode_jpeg = worst_decode_jpeg.max(diff);
+            mean_decode_jpeg += d.mean(tch::Kind::Float).double_value(&[]);
+            jpegs += 1;
         }
         let mut px = vec![0u8; (size * size * 3) as usize];
         let mut rng = ringtrain::seeds::sample(0, 0, 0);
@@ -175,13 +179,15 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
         worst_resize = worst_resize.max(d.max().double_value(&[]));
         mean_resize += d.mean(tch::Kind::Float).double_value(&[]) / files.len() as f64;
     }
-    // Stated tolerances (docs/ARCHITECTURE.md; measured 4, 0.30 and 4 on these 44 files): JPEG
-    // decode within 6 levels of PIL's libjpeg-turbo; the resized crop within 0.5 level on
+    // Stated tolerances (docs/ARCHITECTURE.md; measured 4 and 0.32 for the 20 JPEGs, 0.30 and 4
+    // for the crops of all 44 files): JPEG decode within 6 levels of PIL's libjpeg-turbo, 0.5 on
+    // average; the resized crop within 0.5 level on
     // average and 8 at worst (cifar10 is upscaled 32 → 128 px, where two resampling kernels
     // differ most).
+    let mean_decode_jpeg = mean_decode_jpeg / jpegs as f64;
     assert!(
-        worst_decode_jpeg <= 6.0,
-        "JPEG decode differs from PIL by {worst_decode_jpeg}"
+        worst_decode_jpeg <= 6.0 && mean_decode_jpeg <= 0.5,
+        "JPEG decode differs from PIL by {worst_decode_jpeg} at worst, {mean_decode_jpeg:.3} on average"
     );
     assert!(mean_resize <= 0.5, "Resize + CenterCrop: mean difference {mean_resize}");
     assert!(
@@ -189,7 +195,8 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
         "Resize + CenterCrop: worst difference {worst_resize}"
     );
     eprintln!(
-        "{} files: JPEG decode max diff {worst_decode_jpeg}, resize mean {mean_resize:.3} max {worst_resize}",
+        "{} files: JPEG decode max diff {worst_decode_jpeg}, mean {mean_decode_jpeg:.3} over {jpegs}; resize mean \
+         {mean_resize:.3} max {worst_resize}",
         files.len()
     );
 }

@@ -5,9 +5,9 @@
 //! `--torchvision-compat`), a JPEG whose kept box will be shrunk by 8× or more is decoded at 1/8
 //! of its size in the DCT domain (libjpeg's scaled decode, here `jpeg-decoder`'s): one
 //! coefficient per 8×8 block instead of an inverse DCT, and the box still holds at least the
-//! output's pixels. Only 1/8 pays: on 600×600 JPEGs `jpeg-decoder` took 2.76,
-//! 2.32, 1.94 and 1.06 ms at 1/1, 1/2, 1/4 and 1/8 against 1.49 ms for the `image` crate's full
-//! decode (zune-jpeg), so milder shrinking decodes whole.
+//! output's pixels. Only 1/8 pays: on 600×600 JPEGs `jpeg-decoder` took 2.76, 2.32, 1.94 and
+//! 1.06 ms at 1/1, 1/2, 1/4 and 1/8 against 1.49 ms for the `image` crate's full decode
+//! (zune-jpeg), so milder shrinking decodes whole.
 use std::io::Cursor;
 use std::path::Path;
 

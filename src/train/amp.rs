@@ -35,17 +35,15 @@ pub struct GradScaler {
 }
 
 impl GradScaler {
-    /// Dynamic scaling from `INIT_SCALE`, or a fixed `static_scale`.
-    pub fn new(device: Device, static_scale: Option<f64>) -> Self {
-        match static_scale {
-            Some(s) => GradScaler::build(device, s, false),
-            None => GradScaler::dynamic(device, INIT_SCALE),
-        }
-    }
-
-    /// Dynamic scaling from `init_scale` (PyTorch's `GradScaler(init_scale=...)`).
+    /// Dynamic scaling from `init_scale` (PyTorch's `GradScaler(init_scale=...)`; its default is
+    /// `INIT_SCALE`).
     pub fn dynamic(device: Device, init_scale: f64) -> Self {
         GradScaler::build(device, init_scale, true)
+    }
+
+    /// A fixed scale that never changes (`--loss-scale`).
+    pub fn fixed(device: Device, scale: f64) -> Self {
+        GradScaler::build(device, scale, false)
     }
 
     fn build(device: Device, scale: f64, dynamic: bool) -> Self {
@@ -143,7 +141,7 @@ mod tests {
 
     #[test]
     fn scaler_skips_on_inf_backs_off_and_grows() {
-        let mut s = GradScaler::new(Device::Cpu, None);
+        let mut s = GradScaler::dynamic(Device::Cpu, INIT_SCALE);
         let g = grads(&[4.0, 2.0]);
         assert!(!skips(&mut s, &g));
         assert_eq!(Vec::<f32>::try_from(&g[0]).unwrap(), vec![4.0 / 65536.0, 1.0 / 65536.0]);
@@ -181,7 +179,7 @@ mod tests {
 
     #[test]
     fn static_scale_never_changes() {
-        let mut s = GradScaler::new(Device::Cpu, Some(1024.0));
+        let mut s = GradScaler::fixed(Device::Cpu, 1024.0);
         assert!(skips(&mut s, &grads(&[f32::INFINITY])));
         s.update();
         assert_eq!(s.state().scale, 1024.0);

@@ -143,7 +143,7 @@ impl Trainer {
         let params: Vec<Tensor> = opt.params().map(|p| p.shallow_clone()).collect(); // DDP's bucket order
         let amp = cfg.amp.autocast_kind(device)?;
         let scaler = (amp == Some(Kind::Half)).then(|| match cfg.loss_scale {
-            Some(fixed) => GradScaler::new(device, Some(fixed)),
+            Some(fixed) => GradScaler::fixed(device, fixed),
             None => GradScaler::dynamic(device, cfg.init_loss_scale),
         });
         let ema = cfg.ema.map(|d| Ema::new(&model, num_classes, d)).transpose()?;
