@@ -17,6 +17,8 @@ fn main() {
         "csrc/dist.cpp",
         "csrc/sync_bn.cpp",
         "csrc/optim.cpp",
+        "csrc/reducer.cpp",
+        "csrc/cuda_graph.cpp",
         "csrc/shim.h",
         "csrc/pg.h",
         "csrc/error.h",
@@ -49,6 +51,8 @@ fn main() {
         .file("csrc/dist.cpp")
         .file("csrc/sync_bn.cpp")
         .file("csrc/optim.cpp")
+        .file("csrc/reducer.cpp")
+        .file("csrc/cuda_graph.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", "1")

@@ -75,9 +75,9 @@ class Battery:
     def left(self):
         return self.deadline - time.monotonic()
 
-    def run(self, argv, env=None):
+    def run(self, argv, env=None, expect_fail=False):
         """Runs a command within the time left, logs it and its output; its output, or Failed
-        when it exits non-zero."""
+        when it exits non-zero (with expect_fail: when it exits zero)."""
         argv = [str(a) for a in argv]
         limit = max(1.0, self.left())
         self.say("+ " + " ".join(argv))
@@ -91,6 +91,10 @@ class Battery:
             raise Failed(f"timed out after {limit:.0f} s: {' '.join(argv[:3])} ...")
         self.log.write(p.stdout)
         self.say(f"  (exit {p.returncode}, {time.monotonic() - t0:.1f} s)")
+        if expect_fail:
+            if p.returncode == 0:
+                raise Failed(f"expected a refusal, but it succeeded: {' '.join(argv[:3])} ...")
+            return p.stdout
         if p.returncode != 0:
             last = [l for l in p.stdout.strip().splitlines() if l.strip()][-1:] or [""]
             raise Failed(f"exit {p.returncode}: {last[0][:300]}")
@@ -429,6 +433,27 @@ def main():
                               min(10, n)], env=env)
                 return json.loads(text.strip().splitlines()[-1])
             b.check(f"step_{model}_{amp}_torch_compile", "speed", compiled)
+        if model == "resnet18-cifar":
+            # The step as one CUDA graph against eager PyTorch (same run) and torch.compile's
+            # CUDA-graph mode. A dry run on the CPU checks the flag is refused there, clearly.
+            def graphed(common=common):
+                args = [*common, "--amp", "bf16", "--channels-last", "true", "--cuda-graphs"]
+                if dry:
+                    text = b.run([str(b.bin), *map(str, args)], expect_fail=True)
+                    if "--cuda-graphs needs a CUDA device" not in text:
+                        raise Failed(f"--cuda-graphs on the CPU: {text.strip()[-200:]}")
+                    return {"refused_on_cpu": True}
+                return bench_figures(b.ringtrain(*args, "--vs-pytorch", "--python", b.python),
+                                     vs_pytorch=True, memory=True)
+            b.check(f"step_{model}_bf16_cuda_graphs", "speed", graphed)
+
+            def reduce_overhead(model=model, batch=batch, img=img, n=n, warm=warm):
+                env = {"TORCH_STEP_COMPILE": "1", "TORCH_STEP_COMPILE_MODE": "reduce-overhead",
+                       **({"TORCH_COMPILE_DISABLE": "1"} if dry else {})}
+                text = b.run([b.python, HERE / "torch_step.py", model, batch, img, "bf16", 1, dev, n, warm,
+                              min(10, n)], env=env)
+                return json.loads(text.strip().splitlines()[-1])
+            b.check(f"step_{model}_bf16_torch_compile_reduce_overhead", "speed", reduce_overhead)
 
     def end_to_end():
         batch, img = (8, 32) if dry else (256, 224)

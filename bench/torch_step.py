@@ -5,7 +5,9 @@ forward pass and the loss, GradScaler for fp16, median images/s over timed windo
 Usage: torch_step.py MODEL BATCH SIZE AMP(off|bf16|fp16) CHANNELS_LAST(0|1) DEVICE STEPS WARMUP WINDOW
 Prints one JSON object: {"images_per_s": ..., "peak_memory_bytes": ...}.
 With TORCH_STEP_COMPILE=1 in the environment the model is wrapped in torch.compile (PyTorch's
-fastest configuration; the warm-up steps then include the compilation).
+fastest configuration; the warm-up steps then include the compilation), in the mode named by
+TORCH_STEP_COMPILE_MODE if set (e.g. reduce-overhead, which replays CUDA graphs, or
+max-autotune).
 """
 import json
 import os
@@ -37,7 +39,8 @@ def main(model, batch, size, amp, channels_last, device, steps, warmup, window):
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    fwd = torch.compile(m) if os.environ.get("TORCH_STEP_COMPILE") == "1" else m
+    mode = os.environ.get("TORCH_STEP_COMPILE_MODE") or None
+    fwd = torch.compile(m, mode=mode) if os.environ.get("TORCH_STEP_COMPILE") == "1" else m
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
     scaler = torch.amp.GradScaler(dev.type, enabled=amp == "fp16")
     sync = torch.cuda.synchronize if cuda else (lambda: None)

@@ -44,7 +44,7 @@ void check_same_layout(const std::vector<at::Tensor>& params, const std::vector<
 extern "C" {
 
 int rt_fused_sgd(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, double weight_decay,
-                 double momentum, double lr, double dampening, int nesterov, int first_step,
+                 double momentum, double lr, rt_tensor* lr_tensor, double dampening, int nesterov, int first_step,
                  rt_tensor* grad_scale, rt_tensor* found_inf) {
   return rt_guard<int>(
       [&] {
@@ -53,17 +53,20 @@ int rt_fused_sgd(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n,
         auto b = bufs ? list(bufs, n) : std::vector<at::Tensor>{};
         check_same_layout(p, g, "gradient");
         check_same_layout(p, b, "momentum buffer");
-        at::_fused_sgd_(p, g, b, weight_decay, momentum, lr, dampening,
-                        nesterov != 0, /*maximize=*/false, first_step != 0, maybe(grad_scale),
-                        maybe(found_inf));
+        if (lr_tensor)
+          at::_fused_sgd_(p, g, b, weight_decay, momentum, *lr_tensor, dampening, nesterov != 0,
+                          /*maximize=*/false, first_step != 0, maybe(grad_scale), maybe(found_inf));
+        else
+          at::_fused_sgd_(p, g, b, weight_decay, momentum, lr, dampening, nesterov != 0,
+                          /*maximize=*/false, first_step != 0, maybe(grad_scale), maybe(found_inf));
         return 0;
       },
       -1);
 }
 
 int rt_fused_adam(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, rt_tensor** exp_avg_sqs,
-                  rt_tensor** steps, int n, double lr, double beta1, double beta2, double weight_decay,
-                  double eps, int decoupled, rt_tensor* grad_scale, rt_tensor* found_inf) {
+                  rt_tensor** steps, int n, double lr, rt_tensor* lr_tensor, double beta1, double beta2,
+                  double weight_decay, double eps, int decoupled, rt_tensor* grad_scale, rt_tensor* found_inf) {
   return rt_guard<int>(
       [&] {
         auto p = list(params, n), g = list(grads, n), m = list(exp_avgs, n), v = list(exp_avg_sqs, n),
@@ -74,12 +77,16 @@ int rt_fused_adam(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, r
         // torch.optim increments the step counters before the kernel and takes the increment
         // back when the step was skipped for an inf/NaN gradient.
         at::_foreach_add_(s, 1);
-        if (decoupled)
-          at::_fused_adamw_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
-                            /*maximize=*/false, maybe(grad_scale), maybe(found_inf));
+        const auto gs = maybe(grad_scale), fi = maybe(found_inf);
+        if (decoupled && lr_tensor)
+          at::_fused_adamw_(p, g, m, v, {}, s, *lr_tensor, beta1, beta2, weight_decay, eps, false, false, gs, fi);
+        else if (decoupled)
+          at::_fused_adamw_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps, false, false, gs, fi);
+        else if (lr_tensor)
+          at::_fused_adam_(p, g, m, v, {}, s, *lr_tensor, beta1, beta2, weight_decay, eps, false, false, gs, fi);
         else
           at::_fused_adam_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
-                           /*maximize=*/false, maybe(grad_scale), maybe(found_inf));
+                           /*maximize=*/false, gs, fi);
         // found_inf is 0-dim as torch.amp.GradScaler's; a [1]-shaped one is taken as that scalar
         // (the step counters are 0-dim, and an in-place op cannot broadcast them to [1]).
         if (found_inf) at::_foreach_sub_(s, std::vector<at::Tensor>(s.size(), found_inf->reshape({})));

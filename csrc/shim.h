@@ -74,16 +74,29 @@ int64_t rt_cudnn_version(void);
 // a device and dtype. grad_scale (optional): gradients are divided by it inside the kernel.
 // found_inf (optional, 0-dim as torch.amp.GradScaler's; a 1-element one is read as that
 // scalar): when it holds 1 the whole step is skipped on the device, with no host
-// synchronisation. Parameters, gradients and state must share one layout (strides): checked.
+// synchronisation. lr_tensor (optional, 0-dim on the parameters' device) replaces lr: the step
+// then reads its learning rate on the device, as a CUDA graph's replay needs. Parameters,
+// gradients and state must share one layout (strides): checked.
 // bufs is null when momentum is 0; first_step copies the
 // gradient into the buffers (torch's first-step rule). Adam's step counters are float32
 // scalars; decoupled != 0 selects AdamW.
 int rt_fused_sgd(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, double weight_decay,
-                 double momentum, double lr, double dampening, int nesterov, int first_step,
+                 double momentum, double lr, rt_tensor* lr_tensor, double dampening, int nesterov, int first_step,
                  rt_tensor* grad_scale, rt_tensor* found_inf);
 int rt_fused_adam(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, rt_tensor** exp_avg_sqs,
-                  rt_tensor** steps, int n, double lr, double beta1, double beta2, double weight_decay,
-                  double eps, int decoupled, rt_tensor* grad_scale, rt_tensor* found_inf);
+                  rt_tensor** steps, int n, double lr, rt_tensor* lr_tensor, double beta1, double beta2,
+                  double weight_decay, double eps, int decoupled, rt_tensor* grad_scale, rt_tensor* found_inf);
+
+// ---- CUDA graphs (cuda_graph.cpp): at::cuda::CUDAGraph. begin starts capturing the work queued
+// on `device` from this thread, on a side stream that waits for the current one (autocast's
+// cast cache off meanwhile); end finishes the capture and makes the current stream wait for the
+// side stream; replay launches the captured work on the current stream. Null / -1 and an error
+// in a build without CUDA.
+typedef struct rt_cuda_graph rt_cuda_graph;
+rt_cuda_graph* rt_cuda_graph_begin(int device);
+int rt_cuda_graph_end(rt_cuda_graph* g);
+int rt_cuda_graph_replay(rt_cuda_graph* g);
+void rt_cuda_graph_free(rt_cuda_graph* g);
 
 // ---- c10d (dist.cpp): TCPStore rendezvous + a Gloo or NCCL process group.
 typedef struct rt_pg rt_pg;
@@ -101,6 +114,27 @@ rt_work* rt_pg_broadcast(rt_pg* pg, rt_tensor* t, int root);
 rt_work* rt_pg_allgather(rt_pg* pg, rt_tensor* out, rt_tensor* in);  // out: [world, *in.shape]
 rt_work* rt_pg_barrier(rt_pg* pg);
 int rt_work_wait(rt_work* w);
+
+// ---- DDP's gradient all-reduce launched from autograd hooks during backward (reducer.cpp).
+// Parameter i's .grad is a view into flats[bucket_of[i]]; buckets are launched in index order.
+// wire_dtype: c10::ScalarType to all-reduce in (-1: the flats' own, fp32). hooks = 0: nothing
+// is launched before finish (all-reduce after backward). prepare before each backward (sync = 0:
+// it does not end an optimizer step, launch nothing); finish after the last one: launches what
+// is left, waits, and averages the buckets in place.
+typedef struct rt_reducer rt_reducer;
+enum { RT_EV_GRAD_READY = 0, RT_EV_LAUNCH = 1, RT_EV_BACKWARD_DONE = 2, RT_EV_ALL_DONE = 3 };
+typedef struct {
+  int kind;   // RT_EV_*
+  int index;  // the parameter (GRAD_READY) or bucket (LAUNCH); -1 otherwise
+  int64_t t_ns;
+} rt_reducer_event;
+rt_reducer* rt_reducer_new(rt_pg* pg, rt_tensor** params, const int* bucket_of, int n, rt_tensor** flats,
+                           int nbuckets, int wire_dtype, int hooks);
+int rt_reducer_prepare(rt_reducer* r, int sync);
+int rt_reducer_finish(rt_reducer* r);
+// Copies up to cap events of the last backward into out; returns how many there are.
+int64_t rt_reducer_events(rt_reducer* r, rt_reducer_event* out, int64_t cap);
+void rt_reducer_free(rt_reducer* r);
 
 // ---- SyncBatchNorm (sync_bn.cpp): training-mode BatchNorm over the global batch of `pg`.
 // Returns the output (with its autograd graph), or null on failure.

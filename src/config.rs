@@ -166,6 +166,8 @@ pub struct TrainConfig {
     pub report_every_epoch: bool,
     /// SyncBatchNorm across ranks (changes the result, unlike how the job is launched).
     pub sync_bn: bool,
+    /// Capture the whole training step as one CUDA graph and replay it (CUDA only).
+    pub cuda_graphs: bool,
     /// Fine-tune from these weights (a torchvision-named safetensors state_dict).
     pub pretrained: Option<PathBuf>,
     /// Parameter name prefixes to freeze, e.g. ["conv1", "bn1", "layer1"].
@@ -243,6 +245,7 @@ impl Default for TrainConfig {
             torchvision_compat: false,
             zero_init_residual: false,
             sync_bn: false,
+            cuda_graphs: false,
             report_every_epoch: false,
             pretrained: None,
             freeze: Vec::new(),
@@ -362,7 +365,27 @@ impl TrainConfig {
         self.check_sizes()?;
         self.check_schedule()?;
         self.check_augmentation()?;
-        self.check_loading()
+        self.check_loading()?;
+        self.check_cuda_graphs()
+    }
+
+    /// What a captured step cannot hold: values drawn on the host every step, or a step made of
+    /// several backward passes. Refused rather than silently run eagerly.
+    fn check_cuda_graphs(&self) -> Result<()> {
+        if !self.cuda_graphs {
+            return Ok(());
+        }
+        if self.mixup_alpha > 0.0 || self.cutmix_alpha > 0.0 {
+            let flag = if self.mixup_alpha > 0.0 { "--mixup-alpha" } else { "--cutmix-alpha" };
+            bail_user!("--cuda-graphs cannot capture {flag}: its mixing is drawn on the host every step; drop one of the two");
+        }
+        if self.accum_steps > 1 {
+            bail_user!(
+                "--cuda-graphs captures one forward and backward per step, not --accum-steps {}; drop one of the two",
+                self.accum_steps
+            );
+        }
+        Ok(())
     }
 
     /// `check`, then what needs the machine: the inputs exist, `out` holds no run unless asked,
@@ -390,7 +413,11 @@ impl TrainConfig {
                 self.out.display()
             );
         }
-        self.amp.autocast_kind(self.device.resolve()?)?;
+        let device = self.device.resolve()?;
+        self.amp.autocast_kind(device)?;
+        if self.cuda_graphs && !device.is_cuda() {
+            bail_user!("--cuda-graphs needs a CUDA device (--device cuda); this run is on {device:?}");
+        }
         Ok(())
     }
 

@@ -11,6 +11,10 @@ mod ffi {
     pub struct RtCudaTimer {
         _private: [u8; 0],
     }
+    #[repr(C)]
+    pub struct RtCudaGraph {
+        _private: [u8; 0],
+    }
     extern "C" {
         pub fn rt_last_error() -> *const c_char;
         pub fn rt_set_log_level(level: c_int);
@@ -39,6 +43,7 @@ mod ffi {
             weight_decay: f64,
             momentum: f64,
             lr: f64,
+            lr_tensor: *mut torch_sys::C_tensor,
             dampening: f64,
             nesterov: c_int,
             first_step: c_int,
@@ -53,6 +58,7 @@ mod ffi {
             steps: *const *mut torch_sys::C_tensor,
             n: c_int,
             lr: f64,
+            lr_tensor: *mut torch_sys::C_tensor,
             beta1: f64,
             beta2: f64,
             weight_decay: f64,
@@ -61,6 +67,10 @@ mod ffi {
             grad_scale: *mut torch_sys::C_tensor,
             found_inf: *mut torch_sys::C_tensor,
         ) -> c_int;
+        pub fn rt_cuda_graph_begin(device: c_int) -> *mut RtCudaGraph;
+        pub fn rt_cuda_graph_end(g: *mut RtCudaGraph) -> c_int;
+        pub fn rt_cuda_graph_replay(g: *mut RtCudaGraph) -> c_int;
+        pub fn rt_cuda_graph_free(g: *mut RtCudaGraph);
         pub fn rt_cuda_peak_memory(device: c_int, reset: c_int) -> i64;
         pub fn rt_cuda_set_device(device: c_int) -> c_int;
         pub fn rt_cuda_timer_start(device: c_int) -> *mut RtCudaTimer;
@@ -103,7 +113,7 @@ fn device_type(device: Device) -> c_int {
     }
 }
 
-fn scalar_type(kind: Kind) -> Result<c_int> {
+pub(crate) fn scalar_type(kind: Kind) -> Result<c_int> {
     Ok(match kind {
         Kind::Half => 5,
         Kind::Float => 6,
@@ -240,10 +250,26 @@ fn opt_ptr(t: Option<&Tensor>) -> *mut torch_sys::C_tensor {
     t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut _)
 }
 
+/// A learning rate for the fused steps: a number, or a 0-dim float tensor on the parameters'
+/// device that the kernel reads when it runs (a CUDA graph's replay then sees its current value).
+#[derive(Debug, Clone, Copy)]
+pub enum Lr<'a> {
+    Host(f64),
+    Device(&'a Tensor),
+}
+
+impl Lr<'_> {
+    fn split(self) -> (f64, *mut torch_sys::C_tensor) {
+        match self {
+            Lr::Host(v) => (v, std::ptr::null_mut()),
+            Lr::Device(t) => (0.0, t.as_ptr() as *mut _),
+        }
+    }
+}
+
 /// SGD's hyper-parameters for `fused_sgd`.
 #[derive(Debug, Clone, Copy)]
 pub struct SgdParams {
-    pub lr: f64,
     pub momentum: f64,
     pub dampening: f64,
     pub weight_decay: f64,
@@ -257,6 +283,7 @@ pub fn fused_sgd(
     params: &[Tensor],
     grads: &[Tensor],
     bufs: &[Tensor],
+    lr: Lr,
     h: SgdParams,
     first_step: bool,
     found_inf: Option<&Tensor>,
@@ -264,6 +291,7 @@ pub fn fused_sgd(
     assert_eq!(params.len(), grads.len());
     assert!(bufs.is_empty() || bufs.len() == params.len());
     let (p, g, b) = (ptrs(params), ptrs(grads), ptrs(bufs));
+    let (lr, lr_tensor) = lr.split();
     check(unsafe {
         ffi::rt_fused_sgd(
             p.as_ptr(),
@@ -272,7 +300,8 @@ pub fn fused_sgd(
             p.len() as c_int,
             h.weight_decay,
             h.momentum,
-            h.lr,
+            lr,
+            lr_tensor,
             h.dampening,
             h.nesterov as c_int,
             first_step as c_int,
@@ -286,7 +315,6 @@ pub fn fused_sgd(
 /// Adam's hyper-parameters for `fused_adam`; `decoupled` is AdamW.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamParams {
-    pub lr: f64,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -302,6 +330,7 @@ pub fn fused_adam(
     exp_avgs: &[Tensor],
     exp_avg_sqs: &[Tensor],
     steps: &[Tensor],
+    lr: Lr,
     h: AdamParams,
     found_inf: Option<&Tensor>,
 ) -> Result<()> {
@@ -314,6 +343,7 @@ pub fn fused_adam(
         ptrs(exp_avg_sqs),
         ptrs(steps),
     );
+    let (lr, lr_tensor) = lr.split();
     check(unsafe {
         ffi::rt_fused_adam(
             p.as_ptr(),
@@ -322,7 +352,8 @@ pub fn fused_adam(
             v.as_ptr(),
             s.as_ptr(),
             n as c_int,
-            h.lr,
+            lr,
+            lr_tensor,
             h.beta1,
             h.beta2,
             h.weight_decay,
@@ -388,6 +419,38 @@ impl CudaTimer {
 impl Drop for CudaTimer {
     fn drop(&mut self) {
         unsafe { ffi::rt_cuda_timer_free(self.0) }
+    }
+}
+
+/// A CUDA graph (at::cuda::CUDAGraph): the work queued on a device between `begin` and `end`,
+/// captured on a side stream, not run; `replay` runs it again on the current stream, on the
+/// same memory. Needs a CUDA build and device.
+pub struct CudaGraph(*mut ffi::RtCudaGraph);
+
+impl CudaGraph {
+    /// Starts capturing the work this thread queues on CUDA device `device`.
+    pub fn begin(device: usize) -> Result<CudaGraph> {
+        let g = unsafe { ffi::rt_cuda_graph_begin(device as c_int) };
+        if g.is_null() {
+            bail!("CUDA graph capture: {}", last_error());
+        }
+        Ok(CudaGraph(g))
+    }
+
+    pub fn end(&self) -> Result<()> {
+        check(unsafe { ffi::rt_cuda_graph_end(self.0) }).map_err(|e| anyhow::anyhow!("CUDA graph capture: {e}"))?;
+        Ok(())
+    }
+
+    pub fn replay(&self) -> Result<()> {
+        check(unsafe { ffi::rt_cuda_graph_replay(self.0) })?;
+        Ok(())
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        unsafe { ffi::rt_cuda_graph_free(self.0) }
     }
 }
 

@@ -145,6 +145,11 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
             want.push(format!("step_{model}_{step}"));
         }
         want.extend(compiled.iter().map(|amp| format!("step_{model}_{amp}_torch_compile")));
+        if model == "resnet18-cifar" {
+            // The CUDA graph step against eager and torch.compile's CUDA-graph mode (dry: the
+            // refusal on the CPU).
+            want.extend(["bf16_cuda_graphs", "bf16_torch_compile_reduce_overhead"].map(|s| format!("step_{model}_{s}")));
+        }
     }
     want.push("end_to_end_resnet50_bf16".into());
     assert_eq!(names, want);

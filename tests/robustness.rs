@@ -287,7 +287,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
     s.case("class and file names that look like options", &tiny(&d, &v2, &out, &["--epochs", "1"]), Warns(&[]), None);
 
     // ---- flags
-    let flag_cases: [(&str, &[&str], &[&str]); 19] = [
+    let flag_cases: [(&str, &[&str], &[&str]); 22] = [
         ("unknown model", &["--model", "resnet9000"], &["unknown --model 'resnet9000'"]),
         ("negative learning rate", &["--lr", "-0.1"], &["--lr must be a positive number"]),
         ("NaN learning rate", &["--lr", "NaN"], &["--lr must be a positive number"]),
@@ -308,6 +308,9 @@ fn hostile_inputs_and_faults_end_cleanly() {
         ("NCCL on the CPU", &["--dist-backend", "nccl", "--nproc-per-node", "2"], &["--dist-backend nccl needs a CUDA device"]),
         ("initial fp16 loss scale of 0", &["--init-loss-scale", "0"], &["--init-loss-scale must be positive"]),
         ("zero-initialised residuals without residual blocks", &["--zero-init-residual", "--model", "lenet5"], &["--zero-init-residual needs a ResNet"]),
+        ("CUDA graphs on the CPU", &["--cuda-graphs"], &["--cuda-graphs needs a CUDA device"]),
+        ("CUDA graphs with Mixup", &["--cuda-graphs", "--mixup-alpha", "0.2"], &["--cuda-graphs cannot capture --mixup-alpha"]),
+        ("CUDA graphs with gradient accumulation", &["--cuda-graphs", "--accum-steps", "2"], &["--cuda-graphs", "--accum-steps 2"]),
     ];
     for (i, (what, flags, needles)) in flag_cases.iter().enumerate() {
         let out = fresh(&s, &format!("flag-{i}"));

@@ -36,6 +36,8 @@ pub struct BenchOptions {
     pub warmup: usize,
     /// Steps per timed window.
     pub window: usize,
+    /// The step replayed as one CUDA graph (`--cuda-graphs`).
+    pub cuda_graphs: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -62,6 +64,7 @@ impl TrainStep {
         device: Device,
         amp: Option<Kind>,
         channels_last: bool,
+        cuda_graphs: bool,
     ) -> Result<Self> {
         let cfg = TrainConfig {
             model,
@@ -76,6 +79,7 @@ impl TrainStep {
                 _ => AmpMode::Off,
             },
             channels_last: Some(channels_last),
+            cuda_graphs,
             ..Default::default()
         };
         let pg = Rc::new(ProcessGroup::single(device));
@@ -97,8 +101,7 @@ impl TrainStep {
             accum: 1,
         };
         self.micro += 1;
-        self.t.micro_step(x, y, pos, &mut self.meter)?;
-        self.t.optimizer_step(&mut self.state, &mut self.meter)?;
+        self.t.step(x, y, pos, &mut self.state, &mut self.meter)?;
         Ok(())
     }
 }
@@ -107,7 +110,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
     if o.device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
-    let mut step = TrainStep::new(o.model, 1000, o.device, o.amp, o.channels_last)?;
+    let mut step = TrainStep::new(o.model, 1000, o.device, o.amp, o.channels_last, o.cuda_graphs)?;
     let mut x = Tensor::randn(
         [o.batch_size as i64, 3, o.img_size as i64, o.img_size as i64],
         (Kind::Float, o.device),

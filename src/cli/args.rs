@@ -107,6 +107,9 @@ pub struct BenchArgs {
     pub steps: usize,
     #[arg(long, default_value_t = 10)]
     pub warmup: usize,
+    /// Replay the step as one CUDA graph (captured after the first eager steps; CUDA only).
+    #[arg(long)]
+    pub cuda_graphs: bool,
     #[command(flatten)]
     pub run: BenchRunArgs,
 }
@@ -232,6 +235,10 @@ pub struct DistArgs {
     /// All-reduce gradients in half precision: bf16 or fp16 (averaged in fp32).
     #[arg(long, default_value_t = WirePrecision::Off)]
     pub grad_compress: WirePrecision,
+    /// Start the gradient all-reduce after backward instead of during it (to measure what the
+    /// overlap hides).
+    #[arg(long)]
+    pub no_grad_overlap: bool,
     /// c10d backend: auto (NCCL on CUDA, Gloo on the CPU), nccl, or gloo (also for CUDA tensors,
     /// staged through the host: several ranks may then share one GPU).
     #[arg(long, default_value_t = Backend::Auto)]
@@ -250,6 +257,7 @@ impl From<&DistArgs> for DistOptions {
             timeout: std::time::Duration::from_secs(a.dist_timeout),
             bucket_mb: a.bucket_mb,
             grad_compress: a.grad_compress,
+            overlap: !a.no_grad_overlap,
             backend: a.dist_backend,
         }
     }
@@ -387,6 +395,11 @@ pub struct TrainArgs {
     /// Synchronise BatchNorm statistics across ranks (SyncBatchNorm) when distributed.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub sync_bn: Option<bool>,
+    /// Capture the whole training step (forward, backward, all-reduce, optimizer, EMA) as one
+    /// CUDA graph after a few eager steps and replay it (CUDA only; not with Mixup/CutMix or
+    /// --accum-steps).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub cuda_graphs: Option<bool>,
     /// Fine-tune from a torchvision-named safetensors state_dict (the head is re-initialised
     /// when the class count differs).
     #[arg(long)]

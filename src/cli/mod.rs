@@ -215,19 +215,21 @@ fn bench(a: &BenchArgs) -> Result<()> {
         steps,
         warmup: a.warmup,
         window,
+        cuda_graphs: a.cuda_graphs,
     };
     let mem = |b: Option<u64>| {
         b.map(|b| format!(", peak memory {:.2} GiB", b as f64 / (1u64 << 30) as f64))
             .unwrap_or_default()
     };
     say!(
-        "{} batch {} at {}px, {:?}, amp {:?}, channels_last {}: {} timed steps in windows of {window}",
+        "{} batch {} at {}px, {:?}, amp {:?}, channels_last {}{}: {} timed steps in windows of {window}",
         o.model,
         o.batch_size,
         o.img_size,
         o.device,
         o.amp,
         o.channels_last,
+        if o.cuda_graphs { ", CUDA graphs" } else { "" },
         o.steps
     );
     let ours = crate::bench::run(&o)?;

@@ -2,17 +2,18 @@
 //! - start: every parameter and buffer is broadcast from rank 0, so all replicas start equal;
 //! - before each training forward: BatchNorm buffers are broadcast from rank 0
 //!   (DDP's `broadcast_buffers=True`);
-//! - after backward: gradients are averaged over ranks by bucketed all-reduce. Buckets hold about
-//!   `bucket_mb` MB of gradients, in reverse parameter order (the order backward produces them);
-//!   all buckets are started before the first is waited for. Each parameter's `.grad` is a view
-//!   into its bucket's flat buffer (PyTorch's `gradient_as_bucket_view`) with the parameter's own
-//!   strides (channels_last weights get channels_last gradients), so backward writes straight
-//!   into what is all-reduced: no copies in or out. At world size 1 the average is the
-//!   identity: no buckets, no collective, gradients stay as in a plain run.
-//!
-//! What PyTorch's reducer does and this does not (yet): it launches each bucket's all-reduce from
-//! autograd hooks while backward still runs, overlapping communication with computation. Here the
-//! all-reduces start after backward has finished, so communication time adds to the step.
+//! - during backward: gradients are averaged over ranks by bucketed all-reduce, overlapped with
+//!   the rest of backward as PyTorch's reducer does. Buckets hold about `bucket_mb` MB of
+//!   gradients (the first only 1 MiB, so communication starts early), in reverse parameter order
+//!   (the order backward produces them). Each parameter's `.grad` is a view into its bucket's
+//!   flat buffer (PyTorch's `gradient_as_bucket_view`) with the parameter's own strides
+//!   (channels_last weights get channels_last gradients), so backward writes straight into what
+//!   is all-reduced: no copies in or out. Autograd hooks (`reducer`, in the shim) launch each
+//!   bucket's all-reduce as soon as its last gradient is accumulated, in bucket order; after
+//!   backward the host only waits for what is still in flight: the exposed part, which
+//!   `take_comm_time` reports. Micro-batches that do not end an optimizer step (`--accum-steps`)
+//!   launch nothing (DDP's `no_sync`). At world size 1 the average is the identity: no buckets,
+//!   no hooks, no collective, gradients stay as in a plain run.
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -22,10 +23,14 @@ use tch::{nn, Device, Kind, Tensor};
 
 use crate::shim::CudaTimer;
 
-use super::process_group::{ProcessGroup, ReduceOp};
+use super::process_group::ProcessGroup;
+use super::reducer::{Reducer, Timed};
 
 /// Gradient bytes per all-reduce bucket, in MB (`--bucket-mb`; PyTorch DDP's bucket_cap_mb).
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
+/// The first bucket's cap (PyTorch's `_DEFAULT_FIRST_BUCKET_BYTES`): the last layers' gradients
+/// start travelling while backward has most of its work ahead.
+pub const FIRST_BUCKET_BYTES: usize = 1024 * 1024;
 
 crate::flag_enum! {
     /// `--grad-compress`: the precision gradients travel in during the all-reduce (fp32 unless
@@ -51,18 +56,19 @@ impl WirePrecision {
 }
 
 pub struct Ddp {
+    /// Launches and waits for the buckets' all-reduces; None at world size 1. (Declared before
+    /// `pg`: dropped first, it waits for its collectives and removes its hooks.)
+    reducer: Option<Reducer>,
     /// Shared with the rest of the rank (epoch sums, the stop agreement, SyncBatchNorm).
     pg: Rc<ProcessGroup>,
     /// Indices into the parameter list, one Vec per bucket.
     buckets: Vec<Vec<usize>>,
-    /// One flat fp32 buffer per bucket; the parameters' gradients are views into it.
+    /// One flat fp32 buffer per bucket; the parameters' gradients are views into it. With
+    /// `--grad-compress` they travel in half precision, as Horovod's `Compression.fp16`:
+    /// pre-divided by the world size in fp32, sent narrow, widened back to fp32.
     flats: Vec<Tensor>,
-    /// All-reduce in this precision (`--grad-compress`), as Horovod's `Compression.fp16`:
-    /// gradients are pre-divided by the world size in fp32, sent in half precision, and
-    /// widened back to fp32.
-    compress: Option<Kind>,
-    /// Time spent in the gradient all-reduce since the last `take_comm_time`: wall time on the
-    /// CPU; on CUDA the compute stream's time from the first launch to the end of the wait, by
+    /// The all-reduce's exposed time since the last `take_comm_time`, from the end of backward
+    /// to the averaged gradients: wall time on the CPU; on CUDA the compute stream's time, by
     /// CUDA events (NCCL's wait does not block the host, so wall time would read about 0).
     comm_time: Cell<Duration>,
     /// CUDA: timers of steps whose events the stream has not reached yet.
@@ -70,11 +76,20 @@ pub struct Ddp {
 }
 
 impl Ddp {
-    pub fn new(pg: Rc<ProcessGroup>, params: &[Tensor], bucket_mb: f64, wire: WirePrecision) -> Result<Self> {
+    /// Buckets over `params` (in this order, reversed), the gradients made views into them, and
+    /// hooks that launch each bucket during backward unless `overlap` is off.
+    pub fn new(
+        pg: Rc<ProcessGroup>,
+        params: &[Tensor],
+        bucket_mb: f64,
+        wire: WirePrecision,
+        overlap: bool,
+    ) -> Result<Self> {
         let bytes: Vec<usize> = params.iter().map(|p| p.numel() * 4).collect();
-        let buckets = assign_buckets(&bytes, (bucket_mb * 1024.0 * 1024.0) as usize);
+        let buckets = assign_buckets(&bytes, FIRST_BUCKET_BYTES, (bucket_mb * 1024.0 * 1024.0) as usize);
         let mut flats = Vec::with_capacity(buckets.len());
-        for bucket in buckets.iter().filter(|_| pg.world_size > 1) {
+        let mut bucket_of = vec![0; params.len()];
+        for (b, bucket) in buckets.iter().enumerate().filter(|_| pg.world_size > 1) {
             let total: i64 = bucket.iter().map(|&i| params[i].numel() as i64).sum();
             let flat = Tensor::zeros([total], (Kind::Float, params[bucket[0]].device()));
             let mut offset = 0;
@@ -82,15 +97,20 @@ impl Ddp {
                 let p = &params[i];
                 let n = p.numel() as i64;
                 crate::shim::set_grad(p, &bucket_view(&flat, offset, p))?;
+                bucket_of[i] = b;
                 offset += n;
             }
             flats.push(flat);
         }
+        let reducer = match flats.is_empty() {
+            true => None,
+            false => Some(Reducer::new(&pg, params, &bucket_of, &flats, wire.kind(), overlap)?),
+        };
         Ok(Ddp {
+            reducer,
             pg,
             buckets,
             flats,
-            compress: wire.kind(),
             comm_time: Cell::new(Duration::ZERO),
             pending_timers: RefCell::new(Vec::new()),
         })
@@ -168,40 +188,32 @@ impl Ddp {
         })
     }
 
-    /// Averages the gradients over all ranks, in place in the buckets.
-    pub fn all_reduce_grads(&self) -> Result<()> {
-        if self.pg.world_size == 1 {
+    /// Before a micro-batch's backward; `ends_step`: the optimizer steps after it, so its
+    /// gradients are all-reduced (launched from the hooks as they are ready). Otherwise they
+    /// only accumulate.
+    pub fn begin_backward(&self, ends_step: bool) -> Result<()> {
+        match &self.reducer {
+            Some(r) => r.prepare(ends_step),
+            None => Ok(()),
+        }
+    }
+
+    /// After the step's last backward: the gradients averaged over all ranks, in place in the
+    /// buckets. Waits only for what backward has not hidden; `timed`: that wait is added to
+    /// `take_comm_time` (not inside a CUDA graph's capture, where timing events cannot go).
+    pub fn finish_grad_sync(&self, timed: bool) -> Result<()> {
+        let Some(reducer) = &self.reducer else {
             return Ok(());
+        };
+        if !timed {
+            return reducer.finish();
         }
         let t0 = Instant::now();
         let timer = match self.pg.device {
             Device::Cuda(i) => Some(CudaTimer::start(i)?),
             _ => None,
         };
-        let inv = 1.0 / self.pg.world_size as f64;
-        let result = tch::no_grad(|| {
-            let mut pending = Vec::with_capacity(self.flats.len());
-            for flat in &self.flats {
-                let wire = match self.compress {
-                    Some(kind) => (flat * inv).to_kind(kind),
-                    None => flat.shallow_clone(),
-                };
-                let work = self.pg.all_reduce_async(&wire, ReduceOp::Sum)?;
-                pending.push((flat, wire, work));
-            }
-            for (flat, mut wire, work) in pending {
-                work.wait()?;
-                match self.compress {
-                    Some(_) => {
-                        let _ = flat.shallow_clone().copy_(&wire);
-                    }
-                    None => {
-                        let _ = wire.g_mul_scalar_(inv);
-                    }
-                }
-            }
-            Ok(())
-        });
+        let result = reducer.finish();
         match timer {
             Some(t) => {
                 t.stop()?;
@@ -212,17 +224,28 @@ impl Ddp {
         }
         result
     }
+
+    /// The last backward's event log (gradients ready, buckets launched), for tests and
+    /// diagnosis; empty at world size 1.
+    pub fn last_events(&self) -> Vec<Timed> {
+        self.reducer.as_ref().map(|r| r.events()).unwrap_or_default()
+    }
+
+    /// The parameter indices of each bucket, in launch order.
+    pub fn buckets(&self) -> &[Vec<usize>] {
+        &self.buckets
+    }
 }
 
 /// PyTorch's reducer rule: walk the parameters in reverse, closing a bucket once it holds at
-/// least `cap` bytes.
-fn assign_buckets(bytes: &[usize], cap: usize) -> Vec<Vec<usize>> {
+/// least its cap: `first_cap` bytes for the first bucket, `cap` for the others.
+fn assign_buckets(bytes: &[usize], first_cap: usize, cap: usize) -> Vec<Vec<usize>> {
     let mut buckets = vec![];
     let (mut current, mut size) = (vec![], 0usize);
     for i in (0..bytes.len()).rev() {
         current.push(i);
         size += bytes[i];
-        if size >= cap {
+        if size >= if buckets.is_empty() { first_cap.min(cap) } else { cap } {
             buckets.push(std::mem::take(&mut current));
             size = 0;
         }
@@ -302,8 +325,11 @@ mod tests {
     #[test]
     fn buckets_close_once_full_in_reverse_parameter_order() {
         let mb = 1024 * 1024;
-        let b = assign_buckets(&[4000, mb + 200_000, 40, 2 * mb, 28], mb);
+        let b = assign_buckets(&[4000, mb + 200_000, 40, 2 * mb, 28], mb, mb);
         assert_eq!(b, vec![vec![4, 3], vec![2, 1], vec![0]]);
-        assert_eq!(assign_buckets(&[10, 10], mb), vec![vec![1, 0]]);
+        assert_eq!(assign_buckets(&[10, 10], mb, mb), vec![vec![1, 0]]);
+        // A small first bucket, then larger ones (PyTorch's 1 MiB, then bucket_cap_mb).
+        let b = assign_buckets(&[mb, mb, mb, mb, mb / 2, mb / 2], mb, 3 * mb);
+        assert_eq!(b, vec![vec![5, 4], vec![3, 2, 1], vec![0]]);
     }
 }

@@ -6,6 +6,7 @@ pub mod env;
 pub mod launcher;
 pub mod plan;
 pub mod process_group;
+pub mod reducer;
 
 use std::time::Duration;
 
@@ -25,6 +26,8 @@ pub struct DistSetup {
     pub bucket_mb: f64,
     /// Gradient all-reduce precision (`--grad-compress`).
     pub grad_compress: ddp::WirePrecision,
+    /// Gradient all-reduce launched during backward (`--no-grad-overlap` turns it off).
+    pub overlap: bool,
     /// BatchNorm over the global batch (`--sync-bn`).
     pub sync_bn: bool,
     /// `--dist-backend`.

@@ -31,6 +31,8 @@ pub struct DistOptions {
     pub timeout: Duration,
     pub bucket_mb: f64,
     pub grad_compress: WirePrecision,
+    /// Gradient all-reduce launched during backward (off: `--no-grad-overlap`).
+    pub overlap: bool,
     pub backend: Backend,
 }
 
@@ -60,6 +62,7 @@ pub fn plan(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<Plan> 
             timeout,
             bucket_mb: o.bucket_mb,
             grad_compress: o.grad_compress,
+            overlap: o.overlap,
             sync_bn,
             backend: o.backend,
         }));
@@ -141,6 +144,7 @@ mod tests {
             timeout: crate::dist::DEFAULT_TIMEOUT,
             bucket_mb: super::super::ddp::DEFAULT_BUCKET_MB,
             grad_compress: WirePrecision::Off,
+            overlap: true,
             backend: Backend::Auto,
         }
     }

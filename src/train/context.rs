@@ -81,6 +81,7 @@ impl RankContext {
             Some(d) => DdpOptions {
                 bucket_mb: d.bucket_mb,
                 wire: d.grad_compress,
+                overlap: d.overlap,
             },
             None => DdpOptions::default(),
         }

@@ -53,11 +53,16 @@ impl EpochMeter {
 
     /// A micro-batch's mean `loss` and its predictions `logits` against labels `y`.
     pub fn add_batch(&mut self, loss: &Tensor, logits: &Tensor, y: &Tensor) {
-        let n = y.size()[0] as usize;
+        let correct = tch::no_grad(|| logits.argmax(-1, false).eq_tensor(y).sum(Kind::Float));
+        self.add_counts(loss, &correct, y.size()[0] as usize);
+    }
+
+    /// A micro-batch of `n` images by its mean `loss` and its `correct` count (device scalars).
+    pub fn add_counts(&mut self, loss: &Tensor, correct: &Tensor, n: usize) {
         self.seen += n;
         tch::no_grad(|| {
             self.loss_sum += loss.detach() * n as f64;
-            self.correct += logits.argmax(-1, false).eq_tensor(y).sum(Kind::Float);
+            self.correct += correct;
         });
     }
 

@@ -15,6 +15,7 @@ pub mod run_dir;
 pub mod schedule;
 pub mod signals;
 pub mod state;
+pub mod step_graph;
 pub mod trainer;
 
 use anyhow::Result;
@@ -63,11 +64,9 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         for batch in data.train_from(epoch, meter.steps) {
             let batch = batch?;
             meter.add_unreadable(batch.unreadable);
-            t.micro_step(&batch.x, &batch.y, batch.pos, &mut meter)?;
-            if !batch.pos.ends_step() {
+            if !t.step(&batch.x, &batch.y, batch.pos, &mut state, &mut meter)? {
                 continue; // gradients keep accumulating; no all-reduce until the group's last
             }
-            t.optimizer_step(&mut state, &mut meter)?;
 
             // ---- training ends here; what follows reads, logs and saves
             if cfg.log_every > 0 && meter.steps % cfg.log_every == 0 {

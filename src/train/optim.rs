@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use tch::{Kind, Tensor};
 
 use crate::config::{OptimizerKind, TrainConfig};
-use crate::shim::{self, AdamParams, SgdParams};
+use crate::shim::{self, AdamParams, Lr, SgdParams};
 
 /// Parameters that share a learning-rate multiplier and a weight decay.
 pub struct Group {
@@ -114,13 +114,21 @@ impl Optimizer {
         Ok(())
     }
 
-    /// One step at learning rate `lr` (times each group's multiplier). Parameters without a
-    /// gradient are left alone, as in torch. With `found_inf` holding 1 (an fp16 overflow)
-    /// the step changes nothing, decided on the device.
-    pub fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+    /// One step at learning rate `lr` (times each group's multiplier; a device `lr` is read by
+    /// the kernels). Parameters without a gradient are left alone, as in torch. With
+    /// `found_inf` holding 1 (an fp16 overflow) the step changes nothing, decided on the device.
+    pub fn step(&mut self, lr: Lr, found_inf: Option<&Tensor>) -> Result<()> {
         let (momentum, nesterov, kind) = (self.momentum, self.nesterov, self.kind);
         for g in &mut self.groups {
-            let lr = lr * g.lr_mult;
+            let scaled;
+            let lr = match lr {
+                Lr::Host(v) => Lr::Host(v * g.lr_mult),
+                Lr::Device(t) if g.lr_mult == 1.0 => Lr::Device(t),
+                Lr::Device(t) => {
+                    scaled = t * g.lr_mult;
+                    Lr::Device(&scaled)
+                }
+            };
             let with_grad: Vec<usize> = (0..g.params.len()).filter(|&i| g.params[i].grad().defined()).collect();
             let params: Vec<Tensor> = with_grad.iter().map(|&i| g.params[i].shallow_clone()).collect();
             let grads: Vec<Tensor> = with_grad.iter().map(|&i| g.params[i].grad()).collect();
@@ -130,7 +138,6 @@ impl Optimizer {
             match &mut g.state {
                 GroupState::Sgd { bufs } => {
                     let h = SgdParams {
-                        lr,
                         momentum,
                         dampening: 0.0,
                         weight_decay: g.weight_decay,
@@ -141,7 +148,7 @@ impl Optimizer {
                         true => Vec::new(),
                         false => with_grad.iter().map(|&i| bufs[i].shallow_clone()).collect(),
                     };
-                    shim::fused_sgd(&params, &grads, &b, h, false, found_inf)?;
+                    shim::fused_sgd(&params, &grads, &b, lr, h, false, found_inf)?;
                 }
                 GroupState::Adam {
                     exp_avg,
@@ -150,7 +157,6 @@ impl Optimizer {
                 } => {
                     let pick = |v: &[Tensor]| with_grad.iter().map(|&i| v[i].shallow_clone()).collect::<Vec<_>>();
                     let h = AdamParams {
-                        lr,
                         beta1: 0.9,
                         beta2: 0.999,
                         eps: 1e-8,
@@ -163,6 +169,7 @@ impl Optimizer {
                         &pick(exp_avg),
                         &pick(exp_avg_sq),
                         &pick(step),
+                        lr,
                         h,
                         found_inf,
                     )?;

@@ -42,7 +42,7 @@ impl Reporter {
         if let Some(d) = &ctx.dist {
             let pg = t.pg();
             say!(
-                "distributed: {} ranks ({}), {:?}, master {}:{}, global batch {} = {} × {}, {} gradient buckets of ≤ {} MB{}{}",
+                "distributed: {} ranks ({}), {:?}, master {}:{}, global batch {} = {} × {}, {} gradient buckets of ≤ {} MB all-reduced {} backward{}{}",
                 pg.world_size,
                 d.env.source,
                 pg.backend,
@@ -53,6 +53,7 @@ impl Reporter {
                 ctx.rank_batch,
                 t.ddp.num_buckets(),
                 d.bucket_mb,
+                if d.overlap { "during" } else { "after" },
                 d.grad_compress.kind().map(|k| format!(", all-reduce in {k:?}")).unwrap_or_default(),
                 if cfg.sync_bn { ", SyncBatchNorm" } else { "" }
             );
@@ -170,7 +171,7 @@ impl Reporter {
             val.ema.as_ref().map(|e| format!(" (ema {:.2}%)", 100.0 * e.top1)).unwrap_or_default(),
             row.lr,
             row.images_per_s,
-            comm_share.map(|c| format!(" (all-reduce {:.1}% of rank 0's time)", 100.0 * c)).unwrap_or_default()
+            comm_share.map(|c| format!(" (exposed all-reduce {:.1}% of rank 0's time)", 100.0 * c)).unwrap_or_default()
                 + &if unreadable > 0 { format!(" | {unreadable} unreadable images skipped") } else { String::new() },
             self.monitor,
             best_metric,

@@ -16,11 +16,13 @@ use super::meter::EpochMeter;
 use super::optim::{self, Optimizer, Placement};
 use super::schedule::LrSchedule;
 use super::state::RunState;
+use super::step_graph::{StepGraph, StepOutputs};
 use crate::config::TrainConfig;
 use crate::data::mixup::{soft_target_cross_entropy, Mixup};
 use crate::dist::ddp::{Ddp, WirePrecision};
-use crate::dist::process_group::ProcessGroup;
+use crate::dist::process_group::{Backend, ProcessGroup};
 use crate::model::Model;
+use crate::shim::Lr;
 use crate::{say, seeds, shim};
 
 /// Where a micro-batch stands in its epoch and in its accumulation group.
@@ -60,6 +62,8 @@ impl MicroPos {
 pub struct DdpOptions {
     pub bucket_mb: f64,
     pub wire: WirePrecision,
+    /// All-reduce each bucket during backward, as soon as its gradients are ready.
+    pub overlap: bool,
 }
 
 impl Default for DdpOptions {
@@ -67,6 +71,7 @@ impl Default for DdpOptions {
         DdpOptions {
             bucket_mb: crate::dist::ddp::DEFAULT_BUCKET_MB,
             wire: WirePrecision::default(),
+            overlap: true,
         }
     }
 }
@@ -92,6 +97,8 @@ pub struct Trainer {
     num_classes: i64,
     /// The last micro-batch's loss, on the device: the divergence record and the log read it.
     loss: Option<Tensor>,
+    /// `--cuda-graphs`: the captured step.
+    graph: Option<StepGraph>,
 }
 
 impl Trainer {
@@ -147,7 +154,7 @@ impl Trainer {
             None => GradScaler::dynamic(device, cfg.init_loss_scale),
         });
         let ema = cfg.ema.map(|d| Ema::new(&model, num_classes, d)).transpose()?;
-        let ddp = Ddp::new(pg, &params, ddp.bucket_mb, ddp.wire)?;
+        let ddp = Ddp::new(pg, &params, ddp.bucket_mb, ddp.wire, ddp.overlap)?;
         ddp.broadcast_state(&model.vs)?;
         Ok(Trainer {
             untrained: model.untrained(),
@@ -160,6 +167,10 @@ impl Trainer {
             seed: cfg.seed,
             num_classes,
             loss: None,
+            graph: match cfg.cuda_graphs {
+                true => Some(graph_for(device, &ddp)?),
+                false => None,
+            },
             model,
             ema,
             opt,
@@ -186,17 +197,49 @@ impl Trainer {
         self.sched.lr_at(state.global_step, &state.plateau)
     }
 
-    /// One micro-batch: normalised images `x` and labels `y` on the device, at `pos`. Its loss and
-    /// correct count go to `meter`, on the device.
+    /// One training batch: normalised images `x` and labels `y` on the device, at `pos`; then
+    /// the optimizer step if the batch ends its accumulation group (returns whether it did).
+    /// With `--cuda-graphs` the batch goes through the captured step when it can.
+    pub fn step(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        pos: MicroPos,
+        state: &mut RunState,
+        meter: &mut EpochMeter,
+    ) -> Result<bool> {
+        if let Some(mut graph) = self.graph.take() {
+            let result = match graph.takes(x, y) {
+                true => self.graph_step(&mut graph, x, y, state, meter).map(|_| true),
+                false => self.eager_step(x, y, pos, state, meter),
+            };
+            self.graph = Some(graph);
+            return result;
+        }
+        self.eager_step(x, y, pos, state, meter)
+    }
+
+    fn eager_step(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        pos: MicroPos,
+        state: &mut RunState,
+        meter: &mut EpochMeter,
+    ) -> Result<bool> {
+        self.micro_step(x, y, pos, meter)?;
+        if !pos.ends_step() {
+            return Ok(false); // gradients keep accumulating; no all-reduce until the group's last
+        }
+        self.optimizer_step(state, meter)?;
+        Ok(true)
+    }
+
+    /// One micro-batch: forward, loss and backward. Its loss and correct count go to `meter`,
+    /// on the device.
     pub fn micro_step(&mut self, x: &Tensor, y: &Tensor, pos: MicroPos, meter: &mut EpochMeter) -> Result<()> {
         if pos.first_in_group() {
-            match self.ddp.owns_grads() {
-                true => self.ddp.zero_grad(),
-                false => self.opt.zero_grad()?,
-            }
-            if self.pg().world_size > 1 && !self.sync_bn {
-                self.ddp.broadcast_buffers(&self.untrained)?;
-            }
+            self.start_group()?;
         }
         // Randomness inside the step (dropout) depends on the position alone: a resumed run
         // repeats it.
@@ -212,31 +255,52 @@ impl Trainer {
             }
             None => (x.shallow_clone(), None),
         };
-        let (logits, loss) = {
-            // Forward and loss under autocast; backward and the step outside, as torch.autocast.
-            let _autocast = self.amp.map(|k| shim::autocast(self.device(), k)).transpose()?;
-            let logits = self.model.forward(&x, true);
-            let loss = match &soft_targets {
-                // Label smoothing is inside the soft targets.
-                Some(t) => soft_target_cross_entropy(&logits, t),
-                None => logits.cross_entropy_loss::<Tensor>(y, None, Reduction::Mean, -100, self.label_smoothing),
-            };
-            (logits, loss.to_kind(Kind::Float))
+        let (logits, loss) = self.forward_loss(&x, y, soft_targets.as_ref())?;
+        self.backward(&loss, pos.group_len(), pos.ends_step())?;
+        self.model.bn_batches += 1;
+        meter.add_batch(&loss, &logits, y);
+        self.loss = Some(loss);
+        Ok(())
+    }
+
+    /// Gradients zeroed; BatchNorm buffers from rank 0 when they are not synchronised.
+    fn start_group(&self) -> Result<()> {
+        match self.ddp.owns_grads() {
+            true => self.ddp.zero_grad(),
+            false => self.opt.zero_grad()?,
+        }
+        if self.pg().world_size > 1 && !self.sync_bn {
+            self.ddp.broadcast_buffers(&self.untrained)?;
+        }
+        Ok(())
+    }
+
+    /// Logits and the fp32 loss (against `soft_targets` when Mixup/CutMix made them), under
+    /// autocast; backward and the step run outside it, as with torch.autocast.
+    fn forward_loss(&self, x: &Tensor, y: &Tensor, soft_targets: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+        let _autocast = self.amp.map(|k| shim::autocast(self.device(), k)).transpose()?;
+        let logits = self.model.forward(x, true);
+        let loss = match soft_targets {
+            // Label smoothing is inside the soft targets.
+            Some(t) => soft_target_cross_entropy(&logits, t),
+            None => logits.cross_entropy_loss::<Tensor>(y, None, Reduction::Mean, -100, self.label_smoothing),
         };
-        // Accumulated micro-batches each count 1/group of the step's gradient.
-        let group = pos.group_len();
+        Ok((logits, loss.to_kind(Kind::Float)))
+    }
+
+    /// Backward of one of `group` accumulated micro-batches (each counts 1/group of the step's
+    /// gradient), scaled for fp16; `ends_step`: its gradients are all-reduced as they are ready.
+    fn backward(&self, loss: &Tensor, group: usize, ends_step: bool) -> Result<()> {
         let to_backward = if group > 1 {
-            &loss / group as f64
+            loss / group as f64
         } else {
             loss.shallow_clone()
         };
+        self.ddp.begin_backward(ends_step)?;
         match &self.scaler {
             Some(s) => s.scale_loss(&to_backward).f_backward()?,
             None => to_backward.f_backward()?,
         }
-        self.model.bn_batches += 1;
-        meter.add_batch(&loss, &logits, y);
-        self.loss = Some(loss);
         Ok(())
     }
 
@@ -245,7 +309,17 @@ impl Trainer {
     /// the step on the device, with no host synchronisation.
     pub fn optimizer_step(&mut self, state: &mut RunState, meter: &mut EpochMeter) -> Result<()> {
         let lr = self.lr(state);
-        self.ddp.all_reduce_grads()?;
+        let found_inf = self.apply_grads(Lr::Host(lr), true)?;
+        let loss = self.loss.as_ref().expect("a micro-step before the optimizer step").shallow_clone();
+        self.end_step(state, lr, &loss, found_inf.as_ref(), meter);
+        Ok(())
+    }
+
+    /// Device work after backward: gradients averaged over ranks (`timed`: the exposed wait
+    /// measured), unscaled (fp16), clipped, applied at `lr`; the loss scale and the moving
+    /// average follow. Returns fp16's overflow flag.
+    fn apply_grads(&mut self, lr: Lr, timed: bool) -> Result<Option<Tensor>> {
+        self.ddp.finish_grad_sync(timed)?;
         let found_inf = match self.scaler.as_mut() {
             Some(s) => {
                 let grads: Vec<Tensor> = self.opt.params().map(|p| p.grad()).filter(|g| g.defined()).collect();
@@ -260,21 +334,74 @@ impl Trainer {
         if let Some(s) = self.scaler.as_mut() {
             s.update();
         }
-        meter.end_step(found_inf.as_ref());
         if let Some(ema) = self.ema.as_mut() {
             ema.update(self.model.bn_batches);
         }
+        Ok(found_inf)
+    }
+
+    /// The host's share of an optimizer step done: counters, the epoch's step count, the
+    /// divergence record.
+    fn end_step(
+        &mut self,
+        state: &mut RunState,
+        lr: f64,
+        loss: &Tensor,
+        found_inf: Option<&Tensor>,
+        meter: &mut EpochMeter,
+    ) {
+        meter.end_step(found_inf);
         state.global_step += 1;
         state.lr = lr;
-        let loss = self.loss.as_ref().expect("a micro-step before the optimizer step");
-        self.guard.record(state.global_step, loss, found_inf.as_ref());
+        self.guard.record(state.global_step, loss, found_inf);
+    }
+
+    /// One step through the CUDA graph: the batch and the learning rate into its static
+    /// inputs, replay (captured on first use), then the host's bookkeeping on its outputs.
+    fn graph_step(
+        &mut self,
+        graph: &mut StepGraph,
+        x: &Tensor,
+        y: &Tensor,
+        state: &mut RunState,
+        meter: &mut EpochMeter,
+    ) -> Result<()> {
+        let lr = self.lr(state);
+        graph.load(x, y, lr);
+        let out = graph.run(|x, y, lr| self.captured_step(x, y, lr))?;
+        let (loss, correct) = (out.loss.shallow_clone(), out.correct.shallow_clone());
+        let found_inf = out.found_inf.as_ref().map(|f| f.shallow_clone());
+        self.model.bn_batches += 1;
+        if let Some(ema) = self.ema.as_mut() {
+            ema.model.bn_batches = self.model.bn_batches;
+        }
+        meter.add_counts(&loss, &correct, y.size()[0] as usize);
+        self.end_step(state, lr, &loss, found_inf.as_ref(), meter);
+        self.loss = Some(loss);
         Ok(())
     }
 
-    /// The gradient all-reduce's share of `seconds` of training since the last call, when
-    /// distributed.
+    /// What the CUDA graph captures: a whole step of one micro-batch, device work only, reading
+    /// its learning rate from `lr`. (Its dropout draws advance with each replay instead of
+    /// following the position: a resumed run is not bit-identical there.)
+    fn captured_step(&mut self, x: &Tensor, y: &Tensor, lr: &Tensor) -> Result<StepOutputs> {
+        self.start_group()?;
+        let (logits, loss) = self.forward_loss(x, y, None)?;
+        self.backward(&loss, 1, true)?;
+        let found_inf = self.apply_grads(Lr::Device(lr), false)?;
+        let correct = tch::no_grad(|| logits.argmax(-1, false).eq_tensor(y).sum(Kind::Float));
+        Ok(StepOutputs {
+            loss: loss.detach(),
+            correct,
+            found_inf,
+        })
+    }
+
+    /// The exposed gradient all-reduce's share (what backward did not hide) of `seconds` of
+    /// training since the last call, when distributed.
     pub fn comm_share(&self, seconds: f64) -> Result<Option<f64>> {
-        match self.pg().is_distributed() {
+        // Inside a CUDA graph the wait is not timed (timing events cannot be captured).
+        match self.pg().is_distributed() && self.graph.is_none() {
             true => Ok(Some(self.ddp.take_comm_time()?.as_secs_f64() / seconds)),
             false => Ok(None),
         }
@@ -289,5 +416,102 @@ impl Trainer {
     /// names the checkpoint left to resume from.
     pub fn check_divergence(&self, last_good: &str) -> Result<()> {
         self.guard.check(self.ddp.pg(), last_good)
+    }
+}
+
+/// The captured step for a run on `device`: refused (one line naming the option) where it
+/// cannot be captured.
+fn graph_for(device: Device, ddp: &Ddp) -> Result<StepGraph> {
+    let graph = StepGraph::new(device)?;
+    if ddp.world_size() > 1 && ddp.pg().backend != Backend::Nccl {
+        crate::bail_user!(
+            "--cuda-graphs with {} ranks needs --dist-backend nccl: {:?}'s collectives cannot be captured",
+            ddp.world_size(),
+            ddp.pg().backend
+        );
+    }
+    Ok(graph)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SchedKind;
+    use crate::model::ModelKind;
+
+    /// The models and their moving averages of two trainers, side by side.
+    fn pairs<'a>(a: &'a Trainer, b: &'a Trainer) -> [(&'a Model, &'a Model); 2] {
+        let ema = |t: &'a Trainer| &t.ema.as_ref().unwrap().model;
+        [(&a.model, &b.model), (ema(a), ema(b))]
+    }
+
+    /// The step a CUDA graph captures, run eagerly on the CPU on its static buffers with the
+    /// learning rate read from its tensor, against the eager step: the same weights, moving
+    /// average and epoch sums, bit for bit, over steps whose learning rate changes every step
+    /// (cosine), with clipping and momentum, and a last batch of another shape that falls back
+    /// to the eager path.
+    #[test]
+    fn the_captured_step_computes_what_the_eager_step_does() {
+        let cfg = TrainConfig {
+            model: ModelKind::ResNet10Tiny,
+            lr: 0.2,
+            momentum: 0.9,
+            weight_decay: 1e-4,
+            sched: SchedKind::Cosine,
+            epochs: 1,
+            ema: Some(0.9),
+            clip_grad_norm: Some(0.5),
+            ..Default::default()
+        };
+        let steps = 6;
+        let new = || {
+            let pg = Rc::new(ProcessGroup::single(Device::Cpu));
+            Trainer::new(&cfg, 3, steps, pg, DdpOptions::default(), None).unwrap()
+        };
+        let (mut eager, mut graphed) = (new(), new());
+        graphed.graph = Some(StepGraph::every_step(Device::Cpu, 1));
+        // Other tests share libtorch's generator: start both from the same weights explicitly.
+        tch::no_grad(|| {
+            for (a, b) in pairs(&eager, &graphed) {
+                let src = a.vs.variables();
+                for (name, mut t) in b.vs.variables() {
+                    t.copy_(&src[&name]);
+                }
+            }
+        });
+        let opts = (Kind::Float, Device::Cpu);
+        let batches: Vec<(Tensor, Tensor)> = [6, 6, 6, 6, 6, 4]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let x = Tensor::arange(n * 3 * 32 * 32, opts).view([n, 3, 32, 32]);
+                let x = (x * (0.37 + i as f64 * 0.11)).sin();
+                (x, Tensor::arange(n, (Kind::Int64, Device::Cpu)).remainder(3))
+            })
+            .collect();
+        let mut sums = vec![];
+        for t in [&mut eager, &mut graphed] {
+            let mut state = RunState::default();
+            let mut meter = EpochMeter::start(Default::default(), t.pg());
+            for (micro, (x, y)) in batches.iter().enumerate() {
+                let pos = MicroPos {
+                    epoch: 0,
+                    micro,
+                    micro_per_epoch: steps,
+                    accum: 1,
+                };
+                assert!(t.step(x, y, pos, &mut state, &mut meter).unwrap());
+            }
+            assert_eq!(state.global_step, steps);
+            let p = meter.position(t.pg()).unwrap();
+            sums.push((p.loss_sum, p.correct, p.seen, t.model.bn_batches));
+        }
+        assert_eq!(sums[0], sums[1], "epoch sums (loss, correct, seen, BN batches)");
+        for (a, b) in pairs(&eager, &graphed) {
+            let want = a.vs.variables();
+            for (name, got) in b.vs.variables() {
+                assert!(got.equal(&want[&name]), "{name} differs");
+            }
+        }
     }
 }
