@@ -242,7 +242,8 @@ pub fn empty_pinned(sizes: &[i64], kind: tch::Kind) -> Result<Tensor> {
     Ok(unsafe { Tensor::from_ptr(ptr) })
 }
 
-fn ptrs(ts: &[Tensor]) -> Vec<*mut torch_sys::C_tensor> {
+/// The tensors' handles, for a shim function that takes a list.
+pub(crate) fn ptrs(ts: &[Tensor]) -> Vec<*mut torch_sys::C_tensor> {
     ts.iter().map(|t| t.as_ptr() as *mut _).collect()
 }
 

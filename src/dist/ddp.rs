@@ -158,10 +158,6 @@ impl Ddp {
         self.pg.world_size
     }
 
-    pub fn num_buckets(&self) -> usize {
-        self.buckets.len()
-    }
-
     /// Every variable of the store (parameters and buffers, by sorted name) from rank 0.
     pub fn broadcast_state(&self, vs: &nn::VarStore) -> Result<()> {
         let vars = vs.variables();

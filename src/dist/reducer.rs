@@ -72,8 +72,7 @@ impl Reducer {
         hooks: bool,
     ) -> Result<Self> {
         assert_eq!(params.len(), bucket_of.len());
-        let p: Vec<*mut torch_sys::C_tensor> = params.iter().map(|t| t.as_ptr() as *mut _).collect();
-        let f: Vec<*mut torch_sys::C_tensor> = flats.iter().map(|t| t.as_ptr() as *mut _).collect();
+        let (p, f) = (crate::shim::ptrs(params), crate::shim::ptrs(flats));
         let b: Vec<c_int> = bucket_of.iter().map(|&b| b as c_int).collect();
         let wire = wire.map(crate::shim::scalar_type).transpose()?.unwrap_or(-1);
         let r = unsafe {

@@ -51,7 +51,7 @@ impl Reporter {
                 cfg.batch_size,
                 pg.world_size,
                 ctx.rank_batch,
-                t.ddp.num_buckets(),
+                t.ddp.buckets().len(),
                 d.bucket_mb,
                 if d.overlap { "during" } else { "after" },
                 d.grad_compress.kind().map(|k| format!(", all-reduce in {k:?}")).unwrap_or_default(),

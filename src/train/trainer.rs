@@ -208,25 +208,12 @@ impl Trainer {
         state: &mut RunState,
         meter: &mut EpochMeter,
     ) -> Result<bool> {
-        if let Some(mut graph) = self.graph.take() {
-            let result = match graph.takes(x, y) {
-                true => self.graph_step(&mut graph, x, y, state, meter).map(|_| true),
-                false => self.eager_step(x, y, pos, state, meter),
-            };
+        if self.graph.as_mut().is_some_and(|g| g.takes(x, y)) {
+            let mut graph = self.graph.take().expect("checked above");
+            let result = self.graph_step(&mut graph, x, y, state, meter);
             self.graph = Some(graph);
-            return result;
+            return result.map(|_| true);
         }
-        self.eager_step(x, y, pos, state, meter)
-    }
-
-    fn eager_step(
-        &mut self,
-        x: &Tensor,
-        y: &Tensor,
-        pos: MicroPos,
-        state: &mut RunState,
-        meter: &mut EpochMeter,
-    ) -> Result<bool> {
         self.micro_step(x, y, pos, meter)?;
         if !pos.ends_step() {
             return Ok(false); // gradients keep accumulating; no all-reduce until the group's last
