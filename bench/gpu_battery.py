@@ -464,6 +464,24 @@ def main():
 
     b.check("end_to_end_resnet50_bf16", "speed", end_to_end)
 
+    # Decode once (ringtrain pack, --data-on-device): the same end to end from a raw pack, and
+    # with the whole set on the GPU, beside PyTorch's DataLoader on the pack's folder.
+    def packed(store):
+        out = b.out / f"train-{store}.pack"
+        if not out.exists():
+            b.ringtrain("pack", "--data", data()[0], "--out", out, "--store", store)
+        return out
+
+    for model, img, batch in [("resnet50", 224, 256), ("resnet18-cifar", 32, 512)]:
+        for how, flags in [("raw_pack", []), ("on_device", ["--data-on-device"])]:
+            def decode_once(model=model, img=img, batch=batch, flags=flags):
+                b_, i_ = (8, 32) if dry else (batch, img)
+                text = b.ringtrain("bench-data", "--data", packed("raw"), "--model", "resnet18" if dry else model,
+                                   "--amp", "bf16", "--device", dev, "--batch-size", b_, "--img-size", i_, *flags,
+                                   *(["--workers", 1, "--epochs", 1] if dry else []), "--vs-pytorch", "--python", b.python)
+                return bench_figures(text, vs_pytorch=True, memory=False)
+            b.check(f"end_to_end_{model}_bf16_{how}", "speed", decode_once)
+
     shared = HERE / "shared" / "bench_loader.py"
     if shared.is_file() and not dry:
         def shared_loader():

@@ -32,13 +32,20 @@ fn temp_sibling(path: &Path) -> PathBuf {
 }
 
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_file_with(path, |f| Ok(f.write_all(bytes)?)).map(|_| ())
+}
+
+/// `write_file` for content written piece by piece (a pack): `fill` writes into the temporary
+/// file, which is then synced and renamed over `path`; on an error it is removed.
+pub fn write_file_with<T>(path: &Path, fill: impl FnOnce(&mut File) -> Result<T>) -> Result<T> {
     let tmp = temp_sibling(path);
-    let result = (|| -> Result<()> {
+    let result = (|| -> Result<T> {
         let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes)?;
+        let value = fill(&mut f)?;
         f.sync_all()?;
         fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
-        fsync_dir(&parent(path))
+        fsync_dir(&parent(path))?;
+        Ok(value)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);

@@ -143,6 +143,15 @@ pub struct TrainConfig {
     pub workers: Option<usize>,
     /// Batches decoded ahead of the training step.
     pub prefetch: usize,
+    /// Keep decoded images in RAM after the first epoch: auto (when the whole set fits the
+    /// budget), ram (what fits), off.
+    pub cache: crate::data::cache::CacheMode,
+    /// The RAM cache's budget in GB; default: half the memory available at the start, shared
+    /// by the node's ranks.
+    pub cache_gb: Option<f64>,
+    /// The whole uint8 data set on the training device; batches cut, resized, flipped and
+    /// normalised there.
+    pub data_on_device: bool,
     pub seed: u64,
     pub device: DeviceSpec,
     /// Print a progress line every N steps (0: only epoch summaries).
@@ -232,6 +241,9 @@ impl Default for TrainConfig {
             std: crate::data::IMAGENET_STD.to_vec(),
             workers: None,
             prefetch: 4,
+            cache: crate::data::cache::CacheMode::Auto,
+            cache_gb: None,
+            data_on_device: false,
             seed: 42,
             device: DeviceSpec::Auto,
             log_every: 50,
@@ -264,6 +276,7 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("constant_lr", "eta-min"),
     ("crop_padding", "none: RandomResizedCrop"),
     ("workers", "available cores"),
+    ("cache_gb", "half the available memory, shared by the node's ranks"),
     ("loss_scale", "none: dynamic scaling"),
     ("channels_last", "on for CUDA, off on the CPU"),
 ];
@@ -394,12 +407,12 @@ impl TrainConfig {
         self.check()?;
         if let Some(data) = &self.data {
             if !data.exists() {
-                bail_user!("--data directory does not exist: {}", data.display());
+                bail_user!("--data directory (or pack) does not exist: {}", data.display());
             }
         }
         if let Some(v) = &self.val {
             if !v.exists() {
-                bail_user!("--val directory does not exist: {}", v.display());
+                bail_user!("--val directory (or pack) does not exist: {}", v.display());
             }
         }
         if let Some(p) = &self.pretrained {
@@ -581,6 +594,14 @@ impl TrainConfig {
         if self.workers == Some(0) || self.prefetch == 0 {
             bail_user!("--workers and --prefetch must be at least 1");
         }
+        if let Some(gb) = self.cache_gb {
+            if !positive(gb) {
+                bail_user!("--cache-gb must be a positive number of GB, got {gb}");
+            }
+        }
+        if self.data_on_device && self.random_erasing > 0.0 {
+            bail_user!("--data-on-device does not do --random-erasing; drop one of the two");
+        }
         if self.zero_init_residual && self.model.residual_bn().is_none() {
             bail_user!("--zero-init-residual needs a ResNet; --model {} has no residual blocks", self.model);
         }
@@ -679,7 +700,7 @@ mod tests {
         };
         let e = c.preflight().unwrap_err();
         assert!(
-            e.to_string().contains("--data directory does not exist: no/such/dir"),
+            e.to_string().contains("--data directory (or pack) does not exist: no/such/dir"),
             "{e}"
         );
     }

@@ -152,6 +152,10 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
         }
     }
     want.push("end_to_end_resnet50_bf16".into());
+    // Decode once: from a raw pack, and with the set on the device.
+    for model in ["resnet50", "resnet18-cifar"] {
+        want.extend(["raw_pack", "on_device"].map(|how| format!("end_to_end_{model}_bf16_{how}")));
+    }
     assert_eq!(names, want);
     for c in checks {
         assert_eq!(c["passed"], true, "{c:#}");

@@ -252,7 +252,7 @@ fn against_torchvision(jobs: &[Job]) -> Vec<(f64, f64)> {
             let mut px = vec![0u8; (size * size * 3) as usize];
             let mut rng = ringtrain::seeds::sample(0, 0, 0);
             match j.bx {
-                Some(b) => j.transform.finish(&j.img, b, &mut rng, &mut px).unwrap(),
+                Some(b) => j.transform.finish((&j.img).into(), b, &mut rng, &mut px).unwrap(),
                 None => j.transform.apply(&j.img, &mut rng, &mut px).unwrap(),
             }
             let ours = Tensor::from_slice(&px).view([size as i64, size as i64, 3]).to_kind(Kind::Float);

@@ -217,7 +217,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
     let file = s.dir("data-is-file").join("x.txt");
     std::fs::write(&file, "x").unwrap();
     let out = fresh(&s, "data-is-file");
-    s.case("data is a file", &tiny(&file, &val, &out, &[]), Error(2, &["not a directory", "x.txt"]), None);
+    s.case("data is a file but not a pack", &tiny(&file, &val, &out, &[]), Error(2, &["not a ringtrain pack", "x.txt"]), None);
     let empty = s.dir("empty-data");
     let out = fresh(&s, "empty-data-run");
     s.case("data directory empty", &tiny(&empty, &val, &out, &[]), Error(2, &["no class sub-directories"]), None);
@@ -231,6 +231,41 @@ fn hostile_inputs_and_faults_end_cleanly() {
     make_folder(&v, &["circle", "square"], 2);
     let out = fresh(&s, "other-val");
     s.case("validation classes differ", &tiny(&good, &v, &out, &[]), Error(2, &["validation classes differ", "ring", "square"]), None);
+
+    // ---- packs (ringtrain pack)
+    let pack_of = |s: &Suite, case: &str, data: &Path| -> PathBuf {
+        let p = s.dir(case).join("data.pack");
+        let a = strs(&["pack", "--data", data.to_str().unwrap(), "--out", p.to_str().unwrap(), "--workers", "1"]);
+        assert!(ringtrain(&a).status.success());
+        p
+    };
+    let packed = pack_of(&s, "pack-truncated", &good);
+    let bytes = std::fs::read(&packed).unwrap();
+    std::fs::write(&packed, &bytes[..bytes.len() - 100]).unwrap();
+    let out = fresh(&s, "pack-truncated");
+    s.case("pack truncated", &tiny(&packed, &val, &out, &[]), Error(2, &["--data", "data.pack", "truncated"]), None);
+    let packed = pack_of(&s, "pack-version", &good);
+    let mut bytes = std::fs::read(&packed).unwrap();
+    bytes[8] = 9;
+    std::fs::write(&packed, &bytes).unwrap();
+    let out = fresh(&s, "pack-version");
+    s.case("pack of another format version", &tiny(&packed, &val, &out, &[]), Error(2, &["data.pack", "format version 9", "version 1"]), None);
+    let d = s.dir("pack-stale").join("data");
+    copy_dir(&good, &d);
+    let packed = pack_of(&s, "pack-stale", &d);
+    image::RgbImage::from_pixel(40, 40, image::Rgb([9, 9, 9])).save(d.join("ring/new.png")).unwrap();
+    let out = fresh(&s, "pack-stale");
+    s.case("pack older than its folder", &tiny(&packed, &val, &out, &[]), Error(2, &["data.pack", "older than its folder", "1 added, 0 removed, 0 changed", "ringtrain pack"]), None);
+    let (train_pack, val_pack) = (pack_of(&s, "pack-classes", &good), s.dir("pack-classes").join("val.pack"));
+    let a = strs(&["pack", "--data", v.to_str().unwrap(), "--out", val_pack.to_str().unwrap(), "--store", "encoded"]);
+    assert!(ringtrain(&a).status.success());
+    let out = fresh(&s, "pack-classes");
+    s.case("train and val packs of other classes", &tiny(&train_pack, &val_pack, &out, &[]), Error(2, &["validation classes differ", "square"]), None);
+    let p = s.dir("pack-encoded-max-side").join("x.pack");
+    let a = strs(&["pack", "--data", good.to_str().unwrap(), "--out", p.to_str().unwrap(), "--store", "encoded", "--max-side", "64"]);
+    s.case("pack --max-side with --store encoded", &a, Error(2, &["--max-side", "--store raw"]), None);
+    let out = fresh(&s, "on-device-erasing");
+    s.case("--data-on-device with --random-erasing", &tiny(&good, &val, &out, &["--data-on-device", "--random-erasing", "0.25"]), Error(2, &["--data-on-device", "--random-erasing"]), None);
 
     // ---- bad image files: skipped with a warning naming them, or fatal with --strict
     type Maker = fn(&Path);

@@ -104,7 +104,7 @@ fn pixel_stats_equal_numpy_over_the_same_files() {
     }
     let reference: serde_json::Value =
         serde_json::from_str(&common::run_python(&["pixel_stats", d.path().to_str().unwrap()])).unwrap();
-    let ours = ringtrain::data::stats::pixel_stats(&ImageFolder::scan(d.path(), "--data").unwrap()).unwrap();
+    let ours = ringtrain::data::stats::pixel_stats(&ringtrain::data::source::Dataset::open(d.path(), "--data").unwrap()).unwrap();
     assert_eq!(ours.pixels, reference["pixels"].as_u64().unwrap());
     for c in 0..3 {
         assert!(

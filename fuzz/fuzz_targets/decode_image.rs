@@ -15,6 +15,6 @@ fuzz_target!(|data: &[u8]| {
     if let Ok((img, bx)) = decode_bytes_for(data, path, Some(size), |w, h| resize_center_crop_box(w, h, size + size / 8, size)) {
         let mut out = vec![0u8; (size * size * 3) as usize];
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        let _ = t.finish(&img, bx, &mut rng, &mut out);
+        let _ = t.finish((&img).into(), bx, &mut rng, &mut out);
     }
 });

@@ -11,11 +11,13 @@ use tch::{Device, Kind};
 
 use super::{amp_name, device_name, run_reference, TrainStep};
 use crate::bail_user;
-use crate::data::folder::ImageFolder;
+use crate::data::cache::{self, CacheMode, CachePlan};
 use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::source::Dataset;
 use crate::data::transform::Transform;
 use crate::data::{Normalizer, IMAGENET_MEAN, IMAGENET_STD};
 use crate::device::synchronize as sync;
+use crate::say;
 
 #[derive(Debug, Clone)]
 pub struct DataBenchOptions {
@@ -29,14 +31,25 @@ pub struct DataBenchOptions {
     pub model: Option<crate::model::ModelKind>,
     pub amp: Option<Kind>,
     pub channels_last: bool,
+    /// Keep decoded images in RAM, as training does (`--cache`): when it does, only the epochs
+    /// after the first, which read the cache, are timed.
+    pub cache: CacheMode,
+    /// The whole set on the device, batches made there (`--data-on-device`).
+    pub on_device: bool,
 }
 
 /// Images per second through the loader (and the step, with a model).
 pub fn run(o: &DataBenchOptions) -> Result<f64> {
-    let folder = ImageFolder::scan(&o.data, "--data")?;
+    let data = Dataset::open(&o.data, "--data")?;
+    let cache = match o.on_device {
+        true => CachePlan::off("data on the device"),
+        false => cache::plan(o.cache, &[&data.samples], cache::default_budget(1)),
+    };
+    let warm_only = cache.budget.is_some();
+    say!("{}", cache.note);
     let normalize = Normalizer::new(IMAGENET_MEAN, IMAGENET_STD, o.device).channels_last(o.channels_last);
-    let loader = Loader::new(
-        folder.samples,
+    let mut loader = Loader::new(
+        data.samples,
         Transform::Train {
             size: o.img_size,
             scale: (0.08, 1.0),
@@ -49,10 +62,20 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
             shuffle: true,
             drop_last: true,
             skip_unreadable: false,
+            cache: cache.budget.clone(),
             ..LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize)
         },
     )?;
-    if loader.batches_per_epoch() * o.epochs < 2 {
+    if o.on_device {
+        loader.put_on_device(&normalize)?;
+    }
+    let timed_epochs = o.epochs - warm_only as usize;
+    if warm_only && timed_epochs == 0 {
+        bail_user!(
+            "with the RAM cache on, the epochs after the first are timed: give --epochs 2 or more, or --cache off"
+        );
+    }
+    if loader.batches_per_epoch() * timed_epochs < 2 {
         bail_user!(
             "--data {} has {} images: too few for two batches of --batch-size {} in {} epochs",
             o.data.display(),
@@ -67,7 +90,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     let mut step = match &o.model {
         Some(m) => Some(TrainStep::new(
             *m,
-            folder.classes.len() as i64,
+            data.classes.len() as i64,
             o.device,
             o.amp,
             o.channels_last,
@@ -77,11 +100,15 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     };
     let (mut n, mut t0) = (0usize, None);
     for epoch in 0..o.epochs {
+        let timed = epoch >= o.epochs - timed_epochs;
         for batch in loader.epoch(epoch as u64) {
             let batch = batch?;
             let x = normalize.apply(&batch.images);
             if let Some(s) = step.as_mut() {
                 s.step(&x, &normalize.labels(&batch.labels))?;
+            }
+            if !timed {
+                continue;
             }
             if t0.is_none() {
                 sync(o.device);
@@ -95,10 +122,24 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     Ok(n as f64 / t0.expect("two batches or more").elapsed().as_secs_f64())
 }
 
-/// The same measurement of PyTorch's DataLoader by `script` (bench/torch_loader.py) in `python`.
+/// The same measurement of PyTorch's DataLoader by `script` (bench/torch_loader.py) in `python`,
+/// on the folder itself (a pack's source folder: PyTorch reads files).
 pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<f64> {
+    let folder = match o.data.is_file() {
+        true => {
+            let root = crate::data::pack::Pack::open(&o.data, "--data")?.index.root;
+            if !root.is_dir() {
+                bail_user!(
+                    "--vs-pytorch reads the pack's folder, {}, which is not there",
+                    root.display()
+                );
+            }
+            root
+        }
+        false => o.data.clone(),
+    };
     let args = [
-        o.data.display().to_string(),
+        folder.display().to_string(),
         o.img_size.to_string(),
         o.batch_size.to_string(),
         o.workers.to_string(),

@@ -7,6 +7,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::config::{Metric, OptimizerKind, SchedKind};
+use crate::data::cache::CacheMode;
 use crate::data::erasing::EraseMode;
 use crate::device::DeviceSpec;
 use crate::dist::ddp::{WirePrecision, DEFAULT_BUCKET_MB};
@@ -67,6 +68,30 @@ pub enum Command {
     Split(SplitArgs),
     /// Exact per-channel mean and std over all pixels of a folder, as Normalize arguments.
     Stats(StatsArgs),
+    /// Pack an ImageFolder tree into one file, its images decoded once (raw) or as their
+    /// files' bytes (encoded); --data and --val of every command take the pack.
+    Pack(PackArgs),
+}
+
+#[derive(Args)]
+pub struct PackArgs {
+    /// Images in the ImageFolder layout.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// The pack file to write (replaced atomically if it exists).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// raw: decoded RGB8 pixels, nothing to decode while training; encoded: the files' own
+    /// bytes (lossless, compact).
+    #[arg(long, value_enum, default_value = "raw")]
+    pub store: crate::data::pack::Store,
+    /// With --store raw: resize images whose shorter side is longer than this to it (aspect
+    /// kept, antialiased bilinear) [default: none: as decoded].
+    #[arg(long)]
+    pub max_side: Option<u32>,
+    /// Threads [default: available cores].
+    #[arg(long)]
+    pub workers: Option<usize>,
 }
 
 #[derive(Args)]
@@ -87,6 +112,7 @@ pub struct SplitArgs {
 
 #[derive(Args)]
 pub struct StatsArgs {
+    /// Images in the ImageFolder layout, or a pack of them.
     #[arg(long)]
     pub data: PathBuf,
 }
@@ -133,7 +159,7 @@ pub struct BenchRunArgs {
 
 #[derive(Args)]
 pub struct BenchDataArgs {
-    /// Images in the ImageFolder layout.
+    /// Images in the ImageFolder layout, or a pack of them.
     #[arg(long)]
     pub data: PathBuf,
     #[arg(long, default_value_t = 224)]
@@ -152,6 +178,12 @@ pub struct BenchDataArgs {
     /// With --model: auto (fp16 on CUDA, off on CPU), off, bf16, fp16.
     #[arg(long, default_value = "auto")]
     pub amp: AmpMode,
+    /// The RAM cache, as in training; when on, the epochs after the first are timed.
+    #[arg(long, value_enum, default_value = "off")]
+    pub cache: CacheMode,
+    /// The whole set on the device, each batch made there (its loading is not timed).
+    #[arg(long)]
+    pub data_on_device: bool,
     #[command(flatten)]
     pub run: BenchRunArgs,
 }
@@ -161,7 +193,7 @@ pub struct EvalArgs {
     /// A checkpoint directory (e.g. runs/x/best).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Images in the ImageFolder layout, with the checkpoint's classes.
+    /// Images in the ImageFolder layout (or a pack of them), with the checkpoint's classes.
     #[arg(long)]
     pub data: PathBuf,
     /// Where the report goes [default: <run>/eval-<checkpoint name>].
@@ -189,7 +221,7 @@ pub struct PredictArgs {
     /// A checkpoint directory (e.g. runs/x/best).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Image files, flat folders or ImageFolder trees.
+    /// Image files, flat folders or ImageFolder trees; or one pack.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
     /// CSV of the predictions.
@@ -275,10 +307,10 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Training images: <dir>/<class>/<image>.
+    /// Training images: <dir>/<class>/<image>, or a pack of them (ringtrain pack).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Validation images, same classes as --data.
+    /// Validation images (a folder or a pack), same classes as --data.
     #[arg(long)]
     pub val: Option<PathBuf>,
     /// Without --val, hold out this fraction of each class.
@@ -358,6 +390,17 @@ pub struct TrainArgs {
     /// Batches prepared ahead of the training step.
     #[arg(long)]
     pub prefetch: Option<usize>,
+    /// Keep decoded images in RAM after the first epoch: auto (when the whole set fits the
+    /// budget), ram (what fits), off.
+    #[arg(long, value_enum)]
+    pub cache: Option<CacheMode>,
+    /// The RAM cache's budget in GB.
+    #[arg(long)]
+    pub cache_gb: Option<f64>,
+    /// Keep the whole uint8 data set on the training device and cut, resize, flip and
+    /// normalise each batch there (not with --random-erasing).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub data_on_device: Option<bool>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// auto | cpu | cuda | cuda:N.

@@ -9,7 +9,7 @@ use anyhow::Result;
 use crate::bench::reference;
 use crate::config::{self, TrainConfig};
 use crate::data::demo;
-use crate::data::folder::ImageFolder;
+use crate::data::source::Dataset;
 use crate::dist::launcher;
 use crate::dist::plan::{self, Plan};
 use crate::dist::process_group::nccl_available;
@@ -19,7 +19,9 @@ use crate::infer::predict::{self, PredictOptions};
 use crate::report::progress::warn_unreadable;
 use crate::say;
 use crate::shim;
-use args::{BenchArgs, BenchDataArgs, Cli, Command, DemoArgs, EvalArgs, PredictArgs, SplitArgs, StatsArgs, TrainArgs};
+use args::{
+    BenchArgs, BenchDataArgs, Cli, Command, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs, TrainArgs,
+};
 
 fn dispatch(cli: Cli) -> Result<()> {
     crate::report::progress::set_quiet(cli.quiet);
@@ -36,6 +38,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::BenchData(args)) => bench_data(&args),
         Some(Command::Split(args)) => split(&args),
         Some(Command::Stats(args)) => stats(&args),
+        Some(Command::Pack(args)) => pack(&args),
         None => Err(user_error("no command given; try `ringtrain --help`")),
     }
 }
@@ -267,6 +270,8 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
         model: a.model,
         amp: a.amp.autocast_kind(device)?.filter(|_| a.model.is_some()),
         channels_last: crate::device::channels_last(a.run.channels_last, device),
+        cache: a.cache,
+        on_device: a.data_on_device,
     };
     say!(
         "{} at {}px, batch {}, {} workers, {} epochs, {:?}{}",
@@ -302,8 +307,42 @@ fn split(a: &SplitArgs) -> Result<()> {
     Ok(())
 }
 
+fn pack(a: &PackArgs) -> Result<()> {
+    use crate::data::pack::{self, PackOptions, Store};
+    let started = std::time::Instant::now();
+    let o = PackOptions {
+        store: a.store,
+        max_side: a.max_side,
+        workers: workers(a.workers),
+    };
+    let s = pack::write(&a.data, &a.out, &o)?;
+    for (p, e) in &s.unreadable {
+        warn_unreadable(p, e);
+    }
+    say!(
+        "packed {} images of {} into {} ({:.1} MB, {}{}) in {:.1} s{}",
+        s.images,
+        a.data.display(),
+        a.out.display(),
+        s.bytes as f64 / 1e6,
+        match a.store {
+            Store::Raw => "decoded RGB8",
+            Store::Encoded => "the files' bytes",
+        },
+        a.max_side
+            .map(|m| format!(", shorter side at most {m} px"))
+            .unwrap_or_default(),
+        started.elapsed().as_secs_f64(),
+        match s.unreadable.len() {
+            0 => String::new(),
+            n => format!("; {n} unreadable files left out"),
+        }
+    );
+    Ok(())
+}
+
 fn stats(a: &StatsArgs) -> Result<()> {
-    let s = crate::data::stats::pixel_stats(&ImageFolder::scan(&a.data, "--data")?)?;
+    let s = crate::data::stats::pixel_stats(&Dataset::open(&a.data, "--data")?)?;
     for (p, e) in &s.unreadable {
         warn_unreadable(p, e);
     }

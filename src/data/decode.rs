@@ -38,7 +38,8 @@ pub fn decode_rgb(path: &Path) -> Result<RgbImage> {
     decode_bytes(&bytes, path)
 }
 
-fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage> {
+/// An image file's bytes → RGB8 (`path` names it in errors).
+pub fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage> {
     let reader = || {
         image::ImageReader::new(Cursor::new(bytes))
             .with_guessed_format()
@@ -191,7 +192,7 @@ mod tests {
                 let (img, bx) = decode_for(&p, Some(32), |w, h| t.source_box(w, h, rng)).unwrap();
                 shrunk += (img.width() < 640) as usize;
                 let mut b = vec![0u8; 32 * 32 * 3];
-                t.finish(&img, bx, rng, &mut b).unwrap();
+                t.finish((&img).into(), bx, rng, &mut b).unwrap();
                 for (x, y) in a.iter().zip(&b) {
                     sum += x.abs_diff(*y) as f64;
                     worst = worst.max(x.abs_diff(*y));

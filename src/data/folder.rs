@@ -133,18 +133,23 @@ impl ImageFolder {
 
     /// Validation must use the same classes in the same order, or labels would silently mismatch.
     pub fn check_same_classes(&self, train: &ImageFolder) -> Result<()> {
-        if self.classes != train.classes {
-            let missing: Vec<_> = train.classes.iter().filter(|c| !self.classes.contains(c)).collect();
-            let extra: Vec<_> = self.classes.iter().filter(|c| !train.classes.contains(c)).collect();
-            bail_user!(
-                "validation classes differ from training classes in {} (missing: {:?}, extra: {:?})",
-                self.root.display(),
-                missing,
-                extra
-            );
-        }
-        Ok(())
+        same_classes(&self.classes, &train.classes, &self.root)
     }
+}
+
+/// Refuses validation classes (`val`, from `root`) that differ from the training classes.
+pub fn same_classes(val: &[String], train: &[String], root: &Path) -> Result<()> {
+    if val != train {
+        let missing: Vec<_> = train.iter().filter(|c| !val.contains(c)).collect();
+        let extra: Vec<_> = val.iter().filter(|c| !train.contains(c)).collect();
+        bail_user!(
+            "validation classes differ from training classes in {} (missing: {:?}, extra: {:?})",
+            root.display(),
+            missing,
+            extra
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

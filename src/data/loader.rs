@@ -14,10 +14,14 @@ use rand::seq::SliceRandom;
 use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
-use super::decode::decode_for;
-use super::transform::Transform;
-use super::HostNormalize;
+use super::cache::{Budget, Cache};
+use super::decode::decode_bytes_for;
+use super::on_device::{DeviceSet, DeviceSetOptions};
+use super::source::{Samples, Stored};
+use super::transform::{RgbView, Transform};
+use super::{HostNormalize, Normalizer};
 use crate::seeds;
+use rand_chacha::ChaCha8Rng;
 
 /// One batch on the host: images u8 [B, H, W, 3] (or, normalised by the workers for a CPU device,
 /// f32 [B, 3, H, W]), labels i64 [B], and which samples they are.
@@ -31,7 +35,7 @@ pub struct Batch {
 }
 
 pub struct Loader {
-    samples: Arc<Vec<(PathBuf, usize)>>,
+    samples: Arc<Samples>,
     transform: Transform,
     batch_size: usize,
     shuffle: bool,
@@ -43,6 +47,9 @@ pub struct Loader {
     normalize: Option<HostNormalize>,
     pin_memory: bool,
     whole_jpeg: bool,
+    cache: Option<Arc<Cache>>,
+    /// `--data-on-device`: the whole set on the device; batches are made there, not by the pool.
+    on_device: Option<DeviceSet>,
     pool: Arc<rayon::ThreadPool>,
 }
 
@@ -77,6 +84,8 @@ pub struct LoaderOptions {
     /// Decode every JPEG whole, as PIL does (`--torchvision-compat`), instead of at 1/8 size
     /// when the transform shrinks it 8× or more.
     pub whole_jpeg: bool,
+    /// Keep each decoded image in RAM within this budget (`--cache`).
+    pub cache: Option<Arc<Budget>>,
 }
 
 impl LoaderOptions {
@@ -96,6 +105,7 @@ impl LoaderOptions {
             normalize: None,
             pin_memory: false,
             whole_jpeg: false,
+            cache: None,
         }
     }
 
@@ -111,13 +121,18 @@ impl LoaderOptions {
 }
 
 impl Loader {
-    pub fn new(samples: Vec<(PathBuf, usize)>, transform: Transform, o: LoaderOptions) -> Result<Self> {
+    pub fn new(samples: impl Into<Samples>, transform: Transform, o: LoaderOptions) -> Result<Self> {
+        let samples: Samples = samples.into();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(o.workers.max(1))
             .thread_name(|i| format!("ringtrain-data-{i}"))
             .build()
             .context("starting data worker threads")?;
+        // A raw pack is decoded already: nothing to cache.
+        let cache = o.cache.filter(|_| !samples.decoded());
         Ok(Loader {
+            cache: cache.map(|b| Arc::new(Cache::new(samples.len(), b))),
+            on_device: None,
             samples: Arc::new(samples),
             transform,
             batch_size: o.batch_size,
@@ -136,6 +151,22 @@ impl Loader {
 
     pub fn num_samples(&self) -> usize {
         self.samples.len()
+    }
+
+    /// `--data-on-device`: decodes the whole set once onto `normalize`'s device; from then on
+    /// every batch is made there (`on_device.rs`), already normalised where it was resampled.
+    /// Returns the bytes it takes there.
+    pub fn put_on_device(&mut self, normalize: &Normalizer) -> Result<u64> {
+        let o = DeviceSetOptions {
+            seed: self.seed,
+            device: normalize.device(),
+            skip_unreadable: self.skip_unreadable,
+            whole_jpeg: self.whole_jpeg,
+        };
+        let set = DeviceSet::load(&self.samples, &self.transform, o, normalize.shallow_clone(), &self.pool)?;
+        let bytes = set.bytes();
+        self.on_device = Some(set);
+        Ok(bytes)
     }
 
     /// Samples this rank sees per epoch.
@@ -182,7 +213,7 @@ impl Loader {
     }
 
     /// Starts producing the batches of `epoch`; iterate the result to consume them.
-    pub fn epoch(&self, epoch: u64) -> EpochIter {
+    pub fn epoch(&self, epoch: u64) -> EpochIter<'_> {
         self.epoch_from(epoch, 0)
     }
 
@@ -208,10 +239,23 @@ impl Loader {
     /// parallel inside it), so workers go on to the next batch while the last images of one are
     /// still being decoded; they are handed over in order. At most `prefetch` batches wait
     /// finished or in progress, plus the one the consumer holds: memory stays flat.
-    pub fn epoch_from(&self, epoch: u64, start: usize) -> EpochIter {
+    pub fn epoch_from(&self, epoch: u64, start: usize) -> EpochIter<'_> {
         let order = self.order(epoch);
+        if let Some(set) = &self.on_device {
+            let chunks = order.chunks(self.batch_size).take(self.batches_per_epoch()).skip(start);
+            return EpochIter::Device {
+                set,
+                batches: chunks.map(<[usize]>::to_vec).collect::<Vec<_>>().into_iter(),
+                epoch,
+            };
+        }
         let (queue_tx, queue_rx) = sync_channel::<Receiver<Result<Batch>>>(self.prefetch.saturating_sub(1));
-        let (samples, transform, pool) = (self.samples.clone(), self.transform.clone(), self.pool.clone());
+        let (samples, transform, pool, cache) = (
+            self.samples.clone(),
+            self.transform.clone(),
+            self.pool.clone(),
+            self.cache.clone(),
+        );
         let (bs, seed, n_batches, skip, normalize, pin_memory, whole_jpeg) = (
             self.batch_size,
             self.seed,
@@ -227,9 +271,11 @@ impl Loader {
                 for chunk in order.chunks(bs).take(n_batches).skip(start) {
                     let (tx, rx) = sync_channel(1);
                     let (samples, transform, chunk) = (samples.clone(), transform.clone(), chunk.to_vec());
+                    let cache = cache.clone();
                     pool.spawn(move || {
                         let job = BatchJob {
                             samples: &samples,
+                            cache: cache.as_deref(),
                             transform: &transform,
                             seed,
                             epoch,
@@ -248,7 +294,7 @@ impl Loader {
                 }
             })
             .expect("spawning the loader thread");
-        EpochIter {
+        EpochIter::Threads {
             queue: queue_rx,
             failed: false,
             _handle: handle,
@@ -276,7 +322,8 @@ fn host_tensor(shape: &[i64], kind: Kind, pin: bool) -> Tensor {
 
 /// What building one batch needs.
 struct BatchJob<'a> {
-    samples: &'a [(PathBuf, usize)],
+    samples: &'a Samples,
+    cache: Option<&'a Cache>,
     transform: &'a Transform,
     seed: u64,
     epoch: u64,
@@ -336,7 +383,9 @@ impl BatchJob<'_> {
                     kept_rows.push(row as i64);
                 }
                 // The path goes with the warning; the reason is the decoder's own words.
-                Err(e) if self.skip_unreadable => unreadable.push((self.samples[i].0.clone(), e.root_cause().to_string())),
+                Err(e) if self.skip_unreadable => {
+                    unreadable.push((self.samples.path(i).to_path_buf(), e.root_cause().to_string()))
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -345,7 +394,7 @@ impl BatchJob<'_> {
         } else {
             images.index_select(0, &Tensor::from_slice(&kept_rows))
         };
-        let labels: Vec<i64> = kept.iter().map(|&i| self.samples[i].1 as i64).collect();
+        let labels: Vec<i64> = kept.iter().map(|&i| self.samples.label(i) as i64).collect();
         let mut label_tensor = host_tensor(&[labels.len() as i64], Kind::Int64, self.pin_memory);
         label_tensor.copy_(&Tensor::from_slice(&labels));
         Ok(Batch {
@@ -356,34 +405,76 @@ impl BatchJob<'_> {
         })
     }
 
-    /// Sample `i`, decoded (shrunk while decoding where the format allows) and transformed
-    /// into `out` (size×size RGB8).
     fn load(&self, i: usize, out: &mut [u8]) -> Result<()> {
-        let (path, _) = &self.samples[i];
-        let rng = &mut seeds::sample(self.seed, self.epoch, i as u64);
-        let shrink_to = (!self.whole_jpeg).then_some(self.transform.size());
-        let (img, bx) = decode_for(path, shrink_to, |w, h| self.transform.source_box(w, h, rng))?;
-        self.transform
-            .finish(&img, bx, rng, out)
-            .with_context(|| format!("transforming {}", path.display()))
+        let s = (self.seed, self.epoch);
+        load_sample(self.samples, i, self.transform, s, self.whole_jpeg, self.cache, out)
     }
 }
 
-pub struct EpochIter {
-    queue: Receiver<Receiver<Result<Batch>>>,
-    failed: bool,
-    _handle: std::thread::JoinHandle<()>,
+/// Sample `i` transformed into `out` (size×size RGB8) with the randomness of (seed, epoch, i):
+/// from the RAM cache when it holds it, else read and decoded (a JPEG shrunk while decoding where
+/// the transform allows, unless `whole_jpeg` or caching), then kept in the cache if one is given.
+pub(crate) fn load_sample(
+    samples: &Samples,
+    i: usize,
+    t: &Transform,
+    (seed, epoch): (u64, u64),
+    whole_jpeg: bool,
+    cache: Option<&Cache>,
+    out: &mut [u8],
+) -> Result<()> {
+    let rng = &mut seeds::sample(seed, epoch, i as u64);
+    let path = samples.path(i);
+    let finish = |img: RgbView<'_>, rng: &mut ChaCha8Rng, out: &mut [u8]| -> Result<()> {
+        let bx = t.source_box(img.width, img.height, rng);
+        t.finish(img, bx, rng, out)
+            .with_context(|| format!("transforming {}", path.display()))
+    };
+    if let Some(img) = cache.and_then(|c| c.get(i)) {
+        return finish(img, rng, out);
+    }
+    match samples.read(i)? {
+        Stored::Raw(img) => finish(img, rng, out),
+        Stored::Encoded(bytes) => {
+            let shrink_to = (!whole_jpeg && cache.is_none()).then_some(t.size());
+            let (img, bx) = decode_bytes_for(&bytes, path, shrink_to, |w, h| t.source_box(w, h, rng))?;
+            t.finish((&img).into(), bx, rng, out)
+                .with_context(|| format!("transforming {}", path.display()))?;
+            if let Some(c) = cache {
+                c.put(i, img.width(), img.height(), img.into_raw());
+            }
+            Ok(())
+        }
+    }
 }
 
-impl Iterator for EpochIter {
+/// One epoch's batches, in order: built by the worker pool (behind a bounded queue), or on the
+/// device from the set there.
+pub enum EpochIter<'a> {
+    Threads {
+        queue: Receiver<Receiver<Result<Batch>>>,
+        failed: bool,
+        _handle: std::thread::JoinHandle<()>,
+    },
+    Device {
+        set: &'a DeviceSet,
+        batches: std::vec::IntoIter<Vec<usize>>,
+        epoch: u64,
+    },
+}
+
+impl Iterator for EpochIter<'_> {
     type Item = Result<Batch>;
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
+        match self {
+            EpochIter::Threads { failed: true, .. } => None,
+            EpochIter::Threads { queue, failed, .. } => {
+                let batch = queue.recv().ok()?.recv().ok()?;
+                *failed = batch.is_err(); // an error ends the epoch
+                Some(batch)
+            }
+            EpochIter::Device { set, batches, epoch } => batches.next().map(|b| Ok(set.batch(&b, *epoch))),
         }
-        let batch = self.queue.recv().ok()?.recv().ok()?;
-        self.failed = batch.is_err(); // an error ends the epoch
-        Some(batch)
     }
 }
 

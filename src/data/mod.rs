@@ -1,11 +1,15 @@
 //! Data: folder scanning → decode → augment → batches (uint8 NHWC on the host).
 //! Normalisation to float happens on the device (`Normalizer`).
+pub mod cache;
 pub mod decode;
 pub mod demo;
 pub mod erasing;
 pub mod folder;
 pub mod loader;
 pub mod mixup;
+pub mod on_device;
+pub mod pack;
+pub mod source;
 pub mod split;
 pub mod stats;
 pub mod transform;
@@ -81,6 +85,30 @@ impl Normalizer {
                 channels_last: false,
             },
         }
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The same normaliser (its constants shared).
+    pub fn shallow_clone(&self) -> Self {
+        Normalizer {
+            device: self.device,
+            scale: self.scale.shallow_clone(),
+            shift: self.shift.shallow_clone(),
+            host: self.host,
+        }
+    }
+
+    /// Float pixels in 0..255, [B,3,H,W] on the device (the device-side augmentation's output)
+    /// → normalised, in the memory format asked for.
+    pub fn apply_pixels(&self, x: &Tensor) -> Tensor {
+        let x = match self.host.channels_last {
+            true => x.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2]),
+            false => x.contiguous(),
+        };
+        self.shift.addcmul(&x, &self.scale)
     }
 
     /// Produce channels_last batches (for a model in that memory format).

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use rand::seq::SliceRandom;
 
 use super::folder::ImageFolder;
+use super::source::{Dataset, Samples};
 use crate::bail_user;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -19,15 +20,19 @@ pub struct SplitCounts {
 /// Which files of each class go to validation: a seeded shuffle of the sorted files, the first
 /// round(n × ratio) of it (at least one when the class has two or more images, never all).
 pub fn plan(folder: &ImageFolder, val_ratio: f64, seed: u64) -> Vec<(PathBuf, usize, bool)> {
+    plan_items(&folder.samples, folder.classes.len(), val_ratio, seed)
+        .into_iter()
+        .map(|(i, is_val)| (folder.samples[i].0.clone(), folder.samples[i].1, is_val))
+        .collect()
+}
+
+/// `plan` over (path, class) items: (item index, goes to validation), class by class. Packs
+/// name their images `<pack>/<path in the folder>`, so a pack splits as its folder does.
+fn plan_items(items: &[(PathBuf, usize)], classes: usize, val_ratio: f64, seed: u64) -> Vec<(usize, bool)> {
     let mut out = Vec::new();
-    for c in 0..folder.classes.len() {
-        let mut files: Vec<PathBuf> = folder
-            .samples
-            .iter()
-            .filter(|s| s.1 == c)
-            .map(|s| s.0.clone())
-            .collect();
-        files.sort();
+    for c in 0..classes {
+        let mut files: Vec<usize> = (0..items.len()).filter(|&i| items[i].1 == c).collect();
+        files.sort_by(|&a, &b| items[a].0.cmp(&items[b].0));
         files.shuffle(&mut crate::seeds::split(seed, c as u64));
         let n = files.len();
         let n_val = if n >= 2 {
@@ -35,22 +40,22 @@ pub fn plan(folder: &ImageFolder, val_ratio: f64, seed: u64) -> Vec<(PathBuf, us
         } else {
             0
         };
-        out.extend(files.into_iter().enumerate().map(|(i, p)| (p, c, i < n_val)));
+        out.extend(files.into_iter().enumerate().map(|(k, i)| (i, k < n_val)));
     }
     out
 }
 
 /// The same split as (train samples, val samples), for `train --val-split` without copying.
-pub fn stratified(folder: &ImageFolder, val_ratio: f64, seed: u64) -> (Vec<(PathBuf, usize)>, Vec<(PathBuf, usize)>) {
+pub fn stratified(data: &Dataset, val_ratio: f64, seed: u64) -> (Samples, Samples) {
     let (mut train, mut val) = (Vec::new(), Vec::new());
-    for (path, c, is_val) in plan(folder, val_ratio, seed) {
+    for (i, is_val) in plan_items(&data.samples.items, data.classes.len(), val_ratio, seed) {
         if is_val {
-            val.push((path, c))
+            val.push(i)
         } else {
-            train.push((path, c))
+            train.push(i)
         }
     }
-    (train, val)
+    (data.samples.select(&train), data.samples.select(&val))
 }
 
 pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool) -> Result<SplitCounts> {
@@ -134,8 +139,9 @@ mod tests {
         };
         assert_eq!(list(&d.path().join("one")), list(&d.path().join("two")));
         // `train --val-split` holds out exactly the files `split` puts in val/.
-        let (_, held_out) = stratified(&ImageFolder::scan(&src, "--src").unwrap(), 0.3, 7);
+        let (_, held_out) = stratified(&Dataset::open(&src, "--src").unwrap(), 0.3, 7);
         let mut held: Vec<PathBuf> = held_out
+            .items
             .iter()
             .map(|(p, _)| p.strip_prefix(&src).unwrap().to_owned())
             .collect();

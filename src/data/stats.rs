@@ -4,8 +4,8 @@
 use anyhow::Result;
 use rayon::prelude::*;
 
-use super::decode::decode_rgb;
-use super::folder::ImageFolder;
+use super::decode::decode_bytes;
+use super::source::{Dataset, Stored};
 
 #[derive(Debug, Clone, Default)]
 pub struct PixelStats {
@@ -35,19 +35,29 @@ impl Sums {
     }
 }
 
-pub fn pixel_stats(folder: &ImageFolder) -> Result<PixelStats> {
-    let per_image: Vec<Result<Sums, (std::path::PathBuf, String)>> = folder
-        .samples
-        .par_iter()
-        .map(|(path, _)| {
-            let img = decode_rgb(path).map_err(|e| (path.clone(), e.root_cause().to_string()))?;
+/// The statistics of every image of `data` (a folder, or a pack: a raw pack's pixels are the
+/// ones it stores, resized when it was packed with --max-side).
+pub fn pixel_stats(data: &Dataset) -> Result<PixelStats> {
+    let samples = &data.samples;
+    let per_image: Vec<Result<Sums, (std::path::PathBuf, String)>> = (0..samples.len())
+        .into_par_iter()
+        .map(|i| {
+            let unreadable = |e: anyhow::Error| (samples.path(i).to_path_buf(), e.root_cause().to_string());
+            let decoded;
+            let px: &[u8] = match samples.read(i).map_err(unreadable)? {
+                Stored::Raw(v) => v.px,
+                Stored::Encoded(bytes) => {
+                    decoded = decode_bytes(&bytes, samples.path(i)).map_err(unreadable)?;
+                    decoded.as_raw()
+                }
+            };
             let mut s = Sums {
-                n: (img.width() * img.height()) as u64,
+                n: (px.len() / 3) as u64,
                 ..Default::default()
             };
-            for px in img.pixels() {
+            for p in px.chunks_exact(3) {
                 for c in 0..3 {
-                    let v = px.0[c] as u64;
+                    let v = p[c] as u64;
                     s.sum[c] += v;
                     s.sq[c] += v * v;
                 }
@@ -67,7 +77,7 @@ pub fn pixel_stats(folder: &ImageFolder) -> Result<PixelStats> {
         }
     }
     if total.n == 0 {
-        crate::bail_user!("no image under {} could be read", folder.root.display());
+        crate::bail_user!("no image under {} could be read", data.root.display());
     }
     out.pixels = total.n;
     let n = total.n as f64;
@@ -95,7 +105,7 @@ mod tests {
         image::RgbImage::from_pixel(3, 1, image::Rgb([255, 255, 255]))
             .save(d.path().join("c/b.png"))
             .unwrap();
-        let s = pixel_stats(&ImageFolder::scan(d.path(), "--data").unwrap()).unwrap();
+        let s = pixel_stats(&Dataset::open(d.path(), "--data").unwrap()).unwrap();
         assert_eq!((s.images, s.pixels), (2, 4));
         assert!((s.mean[0] - 0.75).abs() < 1e-12);
         assert!((s.std[1] - (0.75f64 * 0.25).sqrt()).abs() < 1e-12);

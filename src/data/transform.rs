@@ -31,6 +31,32 @@ pub enum Transform {
     },
 }
 
+/// `Transform::moves`: what a training image does after its box is resized.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Moves {
+    pub shift: Option<(i64, i64)>,
+    pub flip: bool,
+}
+
+/// Decoded RGB8 pixels, row-major HWC, borrowed: from a decoder's `RgbImage`, a RAM cache or a
+/// pack's memory map alike.
+#[derive(Debug, Clone, Copy)]
+pub struct RgbView<'a> {
+    pub width: u32,
+    pub height: u32,
+    pub px: &'a [u8],
+}
+
+impl<'a> From<&'a RgbImage> for RgbView<'a> {
+    fn from(img: &'a RgbImage) -> Self {
+        RgbView {
+            width: img.width(),
+            height: img.height(),
+            px: img.as_raw(),
+        }
+    }
+}
+
 /// A source box in pixel coordinates of the decoded image (may be fractional).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CropBox {
@@ -105,9 +131,8 @@ pub fn resize_center_crop_box(w: u32, h: u32, resize: u32, size: u32) -> CropBox
 /// Antialiased bilinear resize of `bx` in `img` to size×size, written into `out` (HWC RGB8).
 /// Near the box's edges the filter reads the pixels around it, as a resize of the whole image
 /// followed by a crop does (torchvision's Resize + CenterCrop).
-pub fn resize_box_into(img: &RgbImage, bx: CropBox, size: u32, out: &mut [u8]) -> Result<()> {
-    let src = fr::images::ImageRef::new(img.width(), img.height(), img.as_raw(), fr::PixelType::U8x3)
-        .context("source image")?;
+pub fn resize_box_into(img: RgbView<'_>, bx: CropBox, size: u32, out: &mut [u8]) -> Result<()> {
+    let src = fr::images::ImageRef::new(img.width, img.height, img.px, fr::PixelType::U8x3).context("source image")?;
     let mut dst = fr::images::Image::from_slice_u8(size, size, out, fr::PixelType::U8x3).context("destination")?;
     let opts = fr::ResizeOptions::new()
         .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
@@ -120,20 +145,29 @@ pub fn resize_box_into(img: &RgbImage, bx: CropBox, size: u32, out: &mut [u8]) -
 /// so near the box's edges the filter reads only pixels inside it. Reading the pixels around it
 /// instead changed up to 36 levels at the edges of CIFAR-sized crops. A box that does not lie on
 /// whole pixels (from a JPEG decoded at 1/8 size) cannot be cut and is resized in place.
-pub fn resize_cut_box_into(img: &RgbImage, bx: CropBox, size: u32, out: &mut [u8]) -> Result<()> {
+pub fn resize_cut_box_into(img: RgbView<'_>, bx: CropBox, size: u32, out: &mut [u8]) -> Result<()> {
     let whole = [bx.left, bx.top, bx.width, bx.height].iter().all(|v| v.fract() == 0.0);
     if !whole {
         return resize_box_into(img, bx, size, out);
     }
-    let (w, h) = (bx.width as u32, bx.height as u32);
-    let cut = image::imageops::crop_imm(img, bx.left as u32, bx.top as u32, w, h).to_image();
+    let (w, h) = (bx.width as usize, bx.height as usize);
+    let (left, top, stride) = (bx.left as usize, bx.top as usize, img.width as usize * 3);
+    let mut cut = Vec::with_capacity(w * h * 3);
+    for row in img.px.chunks_exact(stride).skip(top).take(h) {
+        cut.extend_from_slice(&row[left * 3..(left + w) * 3]);
+    }
     let all = CropBox {
         left: 0.0,
         top: 0.0,
         width: w as f64,
         height: h as f64,
     };
-    resize_box_into(&cut, all, size, out)
+    let cut = RgbView {
+        width: w as u32,
+        height: h as u32,
+        px: &cut,
+    };
+    resize_box_into(cut, all, size, out)
 }
 
 fn flip_horizontal(buf: &mut [u8], size: usize) {
@@ -175,7 +209,7 @@ impl Transform {
     /// Applies the transform into `out` (size*size*3 bytes), drawing randomness from `rng`.
     pub fn apply(&self, img: &RgbImage, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
         let bx = self.source_box(img.width(), img.height(), rng);
-        self.finish(img, bx, rng, out)
+        self.finish(img.into(), bx, rng, out)
     }
 
     /// Step one: the box of a w×h source image that becomes the output (the first draws from
@@ -194,24 +228,17 @@ impl Transform {
     }
 
     /// Step two: resize `bx` of `img` into `out`, then flip and erase (the remaining draws).
-    pub fn finish(&self, img: &RgbImage, bx: CropBox, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
+    pub fn finish(&self, img: RgbView<'_>, bx: CropBox, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
         match self {
             Transform::Train { pad: None, .. } => resize_cut_box_into(img, bx, self.size(), out)?,
             _ => resize_box_into(img, bx, self.size(), out)?,
         }
-        if let Transform::Train {
-            size,
-            hflip,
-            ref erase,
-            pad,
-            ..
-        } = *self
-        {
-            if let Some(pad) = pad {
-                let (dx, dy) = (rng.gen_range(0..=2 * pad), rng.gen_range(0..=2 * pad));
-                shift_with_zero_fill(out, size as usize, dx as i64 - pad as i64, dy as i64 - pad as i64);
+        if let Transform::Train { size, ref erase, .. } = *self {
+            let moves = self.moves(rng);
+            if let Some((dx, dy)) = moves.shift {
+                shift_with_zero_fill(out, size as usize, dx, dy);
             }
-            if hflip && rng.gen_bool(0.5) {
+            if moves.flip {
                 flip_horizontal(out, size as usize);
             }
             if let Some(e) = erase {
@@ -219,6 +246,23 @@ impl Transform {
             }
         }
         Ok(())
+    }
+
+    /// The training draws after the box, in `finish`'s order: the padded crop's shift (output
+    /// pixel (x, y) takes input (x + dx, y + dy)), then the flip. The device-side augmentation
+    /// (`on_device.rs`) draws them here too, so both paths make the same choices.
+    pub fn moves(&self, rng: &mut impl Rng) -> Moves {
+        let Transform::Train { hflip, pad, .. } = *self else {
+            return Moves::default();
+        };
+        let shift = pad.map(|pad| {
+            let (dx, dy) = (rng.gen_range(0..=2 * pad), rng.gen_range(0..=2 * pad));
+            (dx as i64 - pad as i64, dy as i64 - pad as i64)
+        });
+        Moves {
+            shift,
+            flip: hflip && rng.gen_bool(0.5),
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use anyhow::Result;
 use tch::Device;
 
 use crate::bail_user;
-use crate::data::folder::ImageFolder;
+use crate::data::source::Dataset;
 use crate::data::loader::{Loader, LoaderOptions, Shard};
 use crate::data::transform::Transform;
 use crate::data::Normalizer;
@@ -54,18 +54,18 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
         crate::report::progress::set_quiet(true);
     }
     let (model, state) = checkpoint::load(&o.checkpoint, device)?;
-    let folder = ImageFolder::scan(&o.data, "--data")?;
-    if folder.classes != state.classes {
+    let data = Dataset::open(&o.data, "--data")?;
+    if data.classes != state.classes {
         bail_user!(
             "--data {} has classes {:?}, the checkpoint was trained on {:?}",
             o.data.display(),
-            folder.classes,
+            data.classes,
             state.classes
         );
     }
     let normalize = Normalizer::new(state.mean3(), state.std3(), device);
     let loader = Loader::new(
-        folder.samples,
+        data.samples,
         Transform::Eval {
             size: state.img_size,
             resize: state.eval_resize,

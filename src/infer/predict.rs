@@ -9,6 +9,7 @@ use crate::atomic;
 use crate::bail_user;
 use crate::data::folder::{is_image_file, walk_images};
 use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::source::{Dataset, Samples};
 use crate::data::transform::Transform;
 use crate::data::Normalizer;
 use crate::train::checkpoint;
@@ -26,6 +27,12 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
     for input in inputs {
         if !input.exists() {
             bail_user!("input does not exist: {}", input.display());
+        }
+        if is_pack(input) {
+            bail_user!(
+                "{} is a pack: predict takes a pack alone, not with other inputs",
+                input.display()
+            );
         }
         if input.is_file() {
             out.paths.push(input.clone());
@@ -77,6 +84,21 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
     Ok(out)
 }
 
+fn is_pack(path: &Path) -> bool {
+    path.is_file() && crate::data::pack::is_pack(path)
+}
+
+/// A pack's images as inputs, labelled by class name where the checkpoint has the class.
+fn pack_inputs(path: &Path, classes: &[String]) -> Result<(Inputs, Samples)> {
+    let set = Dataset::open(path, "input")?;
+    let label = |c: usize| classes.iter().position(|k| *k == set.classes[c]);
+    let inputs = Inputs {
+        paths: set.samples.items.iter().map(|(p, _)| p.clone()).collect(),
+        labels: set.samples.items.iter().map(|&(_, c)| label(c)).collect(),
+    };
+    Ok((inputs, set.samples))
+}
+
 pub struct PredictOptions {
     pub checkpoint: PathBuf,
     pub inputs: Vec<PathBuf>,
@@ -121,8 +143,14 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
         bail_user!("--topk and --batch-size must be at least 1");
     }
     let (model, state) = checkpoint::load(&o.checkpoint, o.device)?;
-    let inputs = collect_inputs(&o.inputs, &state.classes)?;
-    let samples: Vec<(PathBuf, usize)> = inputs.paths.iter().map(|p| (p.clone(), 0)).collect();
+    let (inputs, samples) = match o.inputs.as_slice() {
+        [one] if is_pack(one) => pack_inputs(one, &state.classes)?,
+        _ => {
+            let inputs = collect_inputs(&o.inputs, &state.classes)?;
+            let samples: Vec<(PathBuf, usize)> = inputs.paths.iter().map(|p| (p.clone(), 0)).collect();
+            (inputs, samples.into())
+        }
+    };
     let normalize = Normalizer::new(state.mean3(), state.std3(), o.device);
     let loader = Loader::new(
         samples,

@@ -32,6 +32,22 @@ pub fn warn_unreadable(path: &std::path::Path, reason: &str) {
     eprintln!("warning: skipped unreadable image {}: {reason}", path.display());
 }
 
+/// A bar counting `total` items of a long job (packing, loading a set to the device), on a
+/// terminal only; hidden otherwise.
+pub fn count_bar(total: u64, what: &str) -> ProgressBar {
+    if quiet() || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(total);
+    b.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {per_sec} | ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    b.set_prefix(what.to_string());
+    b
+}
+
 pub struct EpochProgress {
     bar: Option<ProgressBar>,
     label: String,

@@ -12,9 +12,10 @@ use super::context::RankContext;
 use super::eval::{evaluate, EvalResult};
 use super::trainer::{MicroPos, Trainer};
 use crate::config::TrainConfig;
+use crate::data::cache::{default_budget, CachePlan};
 use crate::data::erasing::RandomErasing;
-use crate::data::folder::ImageFolder;
 use crate::data::loader::{Batch, Loader, LoaderOptions, Shard};
+use crate::data::source::{Dataset, Samples, Stored};
 use crate::data::transform::Transform;
 use crate::data::Normalizer;
 use crate::error::user_error;
@@ -25,6 +26,8 @@ use super::state::Validation;
 
 pub struct TrainData {
     pub classes: Vec<String>,
+    /// Where the images come from and how they are kept, for the banner.
+    pub note: String,
     pub train: Loader,
     pub val: Loader,
     pub normalize: Normalizer,
@@ -47,18 +50,17 @@ pub struct TrainBatch {
 impl TrainData {
     pub fn load(cfg: &TrainConfig, ctx: &RankContext) -> Result<Self> {
         let data_dir = cfg.data.as_ref().expect("checked by preflight");
-        let train_folder = ImageFolder::scan(data_dir, "--data")?;
+        let train_set = Dataset::open(data_dir, "--data")?;
         let (train_samples, val_samples) = match &cfg.val {
             Some(v) => {
-                let val_folder = ImageFolder::scan(v, "--val")?;
-                val_folder.check_same_classes(&train_folder)?;
-                (train_folder.samples.clone(), val_folder.samples)
+                let val_set = Dataset::open(v, "--val")?;
+                val_set.check_same_classes(&train_set)?;
+                (train_set.samples.clone(), val_set.samples)
             }
-            None => crate::data::split::stratified(&train_folder, cfg.val_split, cfg.seed),
+            None => crate::data::split::stratified(&train_set, cfg.val_split, cfg.seed),
         };
         let n_train = train_samples.len();
-        let probe: Vec<PathBuf> = train_samples.iter().take(1000).map(|s| s.0.clone()).collect();
-        check_something_decodes(&probe, data_dir)?;
+        check_something_decodes(&train_samples, data_dir)?;
         if cfg.batch_size > n_train {
             return Err(user_error(format!(
                 "--batch-size {} is larger than the {n_train} training images in {}: no full batch exists",
@@ -77,14 +79,23 @@ impl TrainData {
                 pad,
             })
         };
+        let budget = cfg
+            .cache_gb
+            .map_or_else(|| default_budget(ctx.local_world), |gb| (gb * 1e9) as u64);
+        let cache = match cfg.data_on_device {
+            true => CachePlan::off("data on the device"),
+            false => crate::data::cache::plan(cfg.cache, &[&train_samples, &val_samples], budget),
+        };
         let base = LoaderOptions {
             seed: cfg.seed,
             prefetch: cfg.prefetch,
             skip_unreadable: !cfg.strict,
             whole_jpeg: cfg.torchvision_compat,
+            cache: cache.budget.clone(),
             ..LoaderOptions::in_order(rank_batch, workers).for_device(&normalize)
         };
-        let train = Loader::new(
+        let source = describe_source(&train_set);
+        let mut train = Loader::new(
             train_samples,
             Transform::Train {
                 size: cfg.img_size,
@@ -108,7 +119,7 @@ impl TrainData {
                 ..base.clone()
             },
         )?;
-        let val = Loader::new(
+        let mut val = Loader::new(
             val_samples,
             Transform::Eval {
                 size: cfg.img_size,
@@ -119,8 +130,14 @@ impl TrainData {
                 ..base
             },
         )?;
+        let mut note = format!("{source}; {}", cache.note);
+        if cfg.data_on_device {
+            let bytes = train.put_on_device(&normalize)? + val.put_on_device(&normalize)?;
+            note = format!("{source}; on {device:?}: {:.2} GB of uint8 images", bytes as f64 / 1e9);
+        }
         Ok(TrainData {
-            classes: train_folder.classes.clone(),
+            note,
+            classes: train_set.classes.clone(),
             train,
             val,
             normalize,
@@ -215,20 +232,52 @@ fn refill(batch: Batch, want: usize) -> Result<Batch> {
     })
 }
 
-/// A data set where nothing decodes is an error before training, not a run of unreadable batches.
-fn check_something_decodes(paths: &[PathBuf], root: &Path) -> Result<()> {
+/// A data set where nothing decodes is an error before training, not a run of unreadable
+/// batches: the first 1000 samples are tried until one decodes.
+fn check_something_decodes(samples: &Samples, root: &Path) -> Result<()> {
+    let n = samples.len().min(1000);
     let mut first_error = None;
-    for p in paths {
-        match crate::data::decode::decode_rgb(p) {
-            Ok(_) => return Ok(()),
+    for i in 0..n {
+        let decoded = match samples.read(i) {
+            Ok(Stored::Raw(_)) => return Ok(()),
+            Ok(Stored::Encoded(bytes)) => {
+                crate::data::decode::decode_bytes_for(&bytes, samples.path(i), None, |w, h| {
+                    crate::data::transform::CropBox {
+                        left: 0.0,
+                        top: 0.0,
+                        width: w as f64,
+                        height: h as f64,
+                    }
+                })
+                .map(|_| ())
+            }
+            Err(e) => Err(e),
+        };
+        match decoded {
+            Ok(()) => return Ok(()),
             Err(e) if first_error.is_none() => first_error = Some(format!("{e:#}")),
             Err(_) => {}
         }
     }
     Err(user_error(format!(
-        "none of the first {} images under {} could be read (first error: {})",
-        paths.len(),
+        "none of the first {n} images under {} could be read (first error: {})",
         root.display(),
         first_error.unwrap_or_default()
     )))
+}
+
+/// "folder X" or "raw pack X (N MB)", for the banner.
+fn describe_source(set: &Dataset) -> String {
+    match set.samples.pack() {
+        None => format!("images from the folder {}", set.root.display()),
+        Some(p) => format!(
+            "images from the {} pack {} ({:.0} MB)",
+            match p.index.store {
+                crate::data::pack::Store::Raw => "raw",
+                crate::data::pack::Store::Encoded => "encoded",
+            },
+            set.root.display(),
+            p.data_bytes() as f64 / 1e6
+        ),
+    }
 }

@@ -76,6 +76,7 @@ impl Reporter {
             if accum > 1 { format!(" ({accum} micro-batches each)") } else { String::new() },
             data.workers
         );
+        say!("data: {}", data.note);
         Ok(Reporter {
             tb,
             progress: None,

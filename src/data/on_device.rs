@@ -1,0 +1,344 @@
+//! `--data-on-device`: the whole uint8 data set lives on the training device, and each batch is
+//! cut, resized, flipped and normalised there in a few batched kernels; no data worker runs
+//! after the set is loaded. The choices are the host pipeline's own: each sample's box, shift
+//! and flip come from `Transform::source_box` and `Transform::moves` with the randomness of
+//! (seed, epoch, index), so a batch differs from the host pipeline's only in its resampling.
+//!
+//! - RandomResizedCrop + flip: images stored as decoded, each at the top-left of a canvas as
+//!   large as the largest; one `affine_grid` + `grid_sample` (bilinear) per batch maps every
+//!   output pixel to its box, sample points clamped inside the box as cutting it out first
+//!   does. Not antialiased: a box shrunk more than twofold aliases where PIL would average.
+//! - CIFAR's padded RandomCrop + flip: images stored resized to the output size (as the host
+//!   does before its crop); the crop and flip are one gather from the zero-padded batch, exactly
+//!   the host's pixels.
+//! - Evaluation (Resize + CenterCrop): each image transformed once on the host, exactly as the
+//!   host pipeline does, and stored at the output size.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+use tch::{Device, Kind, Tensor};
+
+use super::loader::{load_sample, Batch};
+use super::source::{Samples, Stored};
+use super::transform::{CropBox, RgbView, Transform};
+use super::Normalizer;
+use crate::bail_user;
+use crate::seeds;
+
+/// How the stored images become a batch.
+enum Layout {
+    /// Whole images in a canvas of `height`×`width`; `sizes[i]` is image i's (width, height).
+    Canvas { sizes: Vec<(u32, u32)> },
+    /// Every image already at the output size (padded crop: before its shift; evaluation: final).
+    Resized,
+}
+
+/// What loading a set needs besides its samples and transform.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceSetOptions {
+    pub seed: u64,
+    pub device: Device,
+    pub skip_unreadable: bool,
+    /// Decode JPEGs whole for the evaluation transform (`--torchvision-compat`), as the host does.
+    pub whole_jpeg: bool,
+}
+
+pub struct DeviceSet {
+    /// [N, H, W, 3] uint8 on the device.
+    images: Tensor,
+    /// [N] int64 on the device.
+    labels: Tensor,
+    layout: Layout,
+    transform: Transform,
+    seed: u64,
+    normalize: Normalizer,
+    /// Samples that could not be read, by index: left out of every batch.
+    unreadable: BTreeMap<usize, (PathBuf, String)>,
+}
+
+impl DeviceSet {
+    /// Decodes every sample (in parallel on `pool`) and puts the set on `device`. Unreadable
+    /// samples are an error unless `skip_unreadable`.
+    pub fn load(
+        samples: &Samples,
+        transform: &Transform,
+        o: DeviceSetOptions,
+        normalize: Normalizer,
+        pool: &rayon::ThreadPool,
+    ) -> Result<DeviceSet> {
+        let DeviceSetOptions {
+            seed,
+            device,
+            skip_unreadable,
+            whole_jpeg,
+        } = o;
+        if let Transform::Train { erase: Some(_), .. } = transform {
+            bail_user!("--data-on-device does not do --random-erasing; drop one of the two");
+        }
+        let n = samples.len();
+        let size = transform.size();
+        let canvas = matches!(transform, Transform::Train { pad: None, .. });
+        let bar = crate::report::progress::count_bar(n as u64, "loading to the device");
+        // Each sample as the device keeps it: whole (canvas) or at the output size.
+        let prepared: Vec<Result<(u32, u32, Vec<u8>)>> = pool.install(|| {
+            (0..n)
+                .into_par_iter()
+                .map(|i| {
+                    let r = prepare(samples, i, transform, canvas, whole_jpeg);
+                    bar.inc(1);
+                    r
+                })
+                .collect()
+        });
+        bar.finish_and_clear();
+        let mut unreadable = BTreeMap::new();
+        for (i, p) in prepared.iter().enumerate() {
+            if let Err(e) = p {
+                if !skip_unreadable {
+                    return Err(anyhow::anyhow!("{e:#}"));
+                }
+                unreadable.insert(i, (samples.path(i).to_path_buf(), e.root_cause().to_string()));
+            }
+        }
+        if unreadable.len() == n {
+            bail_user!(
+                "none of the {n} images could be read (first: {})",
+                samples.path(0).display()
+            );
+        }
+        let ok = || prepared.iter().filter_map(|p| p.as_ref().ok());
+        let (cw, ch) = ok().fold((1, 1), |(w, h), p| (w.max(p.0), h.max(p.1)));
+        // Straight into the tensor (no second copy), each image at the top-left of its canvas.
+        let row = (cw * ch * 3) as usize;
+        let images = Tensor::zeros([n as i64, ch as i64, cw as i64, 3], (Kind::Uint8, Device::Cpu));
+        // SAFETY: a fresh contiguous CPU tensor of n × row bytes, referenced nowhere else while
+        // the slice lives; the threads write disjoint rows.
+        let host = unsafe { std::slice::from_raw_parts_mut(images.data_ptr() as *mut u8, n * row) };
+        host.par_chunks_mut(row).zip(&prepared).for_each(|(dst, p)| {
+            if let Ok((w, _, px)) = p {
+                let line = (*w * 3) as usize;
+                for (y, src) in px.chunks_exact(line).enumerate() {
+                    let at = y * (cw * 3) as usize;
+                    dst[at..at + line].copy_from_slice(src);
+                }
+            }
+        });
+        let bytes = (n * row) as f64;
+        let images = images.f_to_device(device).map_err(|e| {
+            crate::error::user_error(format!(
+                "--data-on-device: the {n} images ({:.2} GB as uint8) do not fit on {device:?} ({}); pack them with a smaller --max-side, or drop --data-on-device",
+                bytes / 1e9,
+                crate::error::first_line(&e.to_string())
+            ))
+        })?;
+        let labels: Vec<i64> = (0..n).map(|i| samples.label(i) as i64).collect();
+        let layout = match canvas {
+            true => Layout::Canvas {
+                sizes: prepared
+                    .iter()
+                    .map(|p| p.as_ref().map_or((1, 1), |p| (p.0, p.1)))
+                    .collect(),
+            },
+            false => Layout::Resized,
+        };
+        debug_assert!(canvas || (cw, ch) == (size, size));
+        Ok(DeviceSet {
+            images,
+            labels: Tensor::from_slice(&labels).to_device(device),
+            layout,
+            transform: transform.clone(),
+            seed,
+            normalize,
+            unreadable,
+        })
+    }
+
+    /// Bytes the images take on the device.
+    pub fn bytes(&self) -> u64 {
+        self.images.numel() as u64
+    }
+
+    /// The batch of samples `indices` in `epoch`: images [B,3,S,S] f32, normalised (or uint8
+    /// NHWC for the padded crop and evaluation, which the consumer normalises as any uint8
+    /// batch), labels on the device.
+    pub fn batch(&self, indices: &[usize], epoch: u64) -> Batch {
+        let kept: Vec<usize> = indices
+            .iter()
+            .copied()
+            .filter(|i| !self.unreadable.contains_key(i))
+            .collect();
+        let unreadable = indices.iter().filter_map(|i| self.unreadable.get(i).cloned()).collect();
+        let device = self.images.device();
+        if kept.is_empty() {
+            let size = self.transform.size() as i64;
+            return Batch {
+                images: Tensor::empty([0, size, size, 3], (Kind::Uint8, device)),
+                labels: Tensor::empty([0], (Kind::Int64, device)),
+                indices: kept,
+                unreadable,
+            };
+        }
+        let rows = Tensor::from_slice(&kept.iter().map(|&i| i as i64).collect::<Vec<_>>()).to_device(device);
+        let images = self.images.index_select(0, &rows);
+        let size = self.transform.size() as i64;
+        let images = match (&self.layout, &self.transform) {
+            (_, Transform::Eval { .. }) => images,
+            (Layout::Resized, Transform::Train { pad, .. }) => {
+                let moves: Vec<_> = kept
+                    .iter()
+                    .map(|&i| self.draw(i, epoch, size as u32, size as u32).1)
+                    .collect();
+                shift_and_flip(&images, &moves, pad.unwrap_or(0) as i64, size)
+            }
+            (Layout::Canvas { sizes }, Transform::Train { .. }) => {
+                let draws: Vec<_> = kept
+                    .iter()
+                    .map(|&i| self.draw(i, epoch, sizes[i].0, sizes[i].1))
+                    .collect();
+                self.normalize.apply_pixels(&resized_crops(&images, &draws, size))
+            }
+        };
+        Batch {
+            images,
+            labels: self.labels.index_select(0, &rows),
+            indices: kept,
+            unreadable,
+        }
+    }
+
+    /// Sample `i`'s box and moves in `epoch`, drawn as the host pipeline draws them.
+    fn draw(&self, i: usize, epoch: u64, w: u32, h: u32) -> (CropBox, super::transform::Moves) {
+        let rng = &mut seeds::sample(self.seed, epoch, i as u64);
+        let bx = self.transform.source_box(w, h, rng);
+        (bx, self.transform.moves(rng))
+    }
+}
+
+/// Sample `i` as the device keeps it: decoded whole, or transformed to the output size (the
+/// padded crop's resize alone; evaluation's whole transform). Returns (width, height, RGB8).
+fn prepare(samples: &Samples, i: usize, t: &Transform, canvas: bool, whole_jpeg: bool) -> Result<(u32, u32, Vec<u8>)> {
+    let size = t.size();
+    if canvas {
+        let img = decode(samples, i, None)?;
+        return Ok((img.width, img.height, img.px));
+    }
+    let mut out = vec![0u8; (size * size * 3) as usize];
+    match t {
+        // The resize that precedes the padded crop: the whole image to size×size, decoded as
+        // the host decodes it (a JPEG at 1/8 size when that still holds the output's pixels).
+        Transform::Train { .. } => {
+            let img = decode(samples, i, (!whole_jpeg).then_some(size))?;
+            super::transform::resize_box_into(img.view(), img.whole, size, &mut out)?;
+        }
+        Transform::Eval { .. } => load_sample(samples, i, t, (0, 0), whole_jpeg, None, &mut out)?,
+    }
+    Ok((size, size, out))
+}
+
+/// A decoded image and the whole image's box in its pixels.
+struct Owned {
+    width: u32,
+    height: u32,
+    px: Vec<u8>,
+    whole: CropBox,
+}
+
+impl Owned {
+    fn view(&self) -> RgbView<'_> {
+        RgbView {
+            width: self.width,
+            height: self.height,
+            px: &self.px,
+        }
+    }
+}
+
+fn whole_box(w: u32, h: u32) -> CropBox {
+    CropBox {
+        left: 0.0,
+        top: 0.0,
+        width: w as f64,
+        height: h as f64,
+    }
+}
+
+/// Sample `i` decoded: whole, or (`shrink_to`) as `decode_bytes_for` shrinks a JPEG whose whole
+/// image becomes `shrink_to` pixels wide.
+fn decode(samples: &Samples, i: usize, shrink_to: Option<u32>) -> Result<Owned> {
+    Ok(match samples.read(i)? {
+        Stored::Raw(v) => Owned {
+            width: v.width,
+            height: v.height,
+            px: v.px.to_vec(),
+            whole: whole_box(v.width, v.height),
+        },
+        Stored::Encoded(bytes) => {
+            let path = samples.path(i);
+            let (img, whole) = super::decode::decode_bytes_for(&bytes, path, shrink_to, whole_box)
+                .with_context(|| format!("loading {}", path.display()))?;
+            Owned {
+                width: img.width(),
+                height: img.height(),
+                px: img.into_raw(),
+                whole,
+            }
+        }
+    })
+}
+
+/// CIFAR's RandomCrop(size, padding=pad) + flip of uint8 [B,S,S,3] images as one gather from the
+/// zero-padded batch: output (y, x) of image b takes padded (y + dy + pad, x' + dx + pad), x'
+/// mirrored when flipped (the host shifts, then flips).
+fn shift_and_flip(images: &Tensor, moves: &[super::transform::Moves], pad: i64, size: i64) -> Tensor {
+    let b = moves.len() as i64;
+    let p = size + 2 * pad;
+    let padded = images
+        .constant_pad_nd([0, 0, pad, pad, pad, pad])
+        .reshape([b * p * p, 3]);
+    let mut flat = Vec::with_capacity((b * size * size) as usize);
+    for (k, m) in moves.iter().enumerate() {
+        let (dx, dy) = m.shift.unwrap_or((0, 0));
+        for y in 0..size {
+            for x in 0..size {
+                let sx = if m.flip { size - 1 - x } else { x };
+                flat.push(k as i64 * p * p + (y + dy + pad) * p + (sx + dx + pad));
+            }
+        }
+    }
+    let at = Tensor::from_slice(&flat).to_device(images.device());
+    padded.index_select(0, &at).view([b, size, size, 3])
+}
+
+/// RandomResizedCrop + flip of uint8 [B,H,W,3] canvases: each output pixel's centre mapped into
+/// its box (as a resize of the box does), bilinear, clamped to the box's pixels. Returns f32
+/// [B,3,S,S] in 0..255.
+fn resized_crops(canvas: &Tensor, draws: &[(CropBox, super::transform::Moves)], size: i64) -> Tensor {
+    let (b, ch, cw) = (draws.len() as i64, canvas.size()[1] as f64, canvas.size()[2] as f64);
+    let device = canvas.device();
+    // align_corners=False: normalised u ↔ pixel x = ((u + 1)·W − 1)/2. Output centre u_o maps to
+    // x = left + (u_o + 1)·bw/2 − 1/2, so u = (bw/W)·u_o + (2·left + bw)/W − 1; a flip negates
+    // the slope. The clamp keeps x within [left, left + bw − 1], the box's pixel centres.
+    let (mut theta, mut lo, mut hi) = (Vec::new(), Vec::new(), Vec::new());
+    for (bx, m) in draws {
+        let sx = if m.flip { -bx.width / cw } else { bx.width / cw };
+        theta.extend([sx, 0.0, (2.0 * bx.left + bx.width) / cw - 1.0]);
+        theta.extend([0.0, bx.height / ch, (2.0 * bx.top + bx.height) / ch - 1.0]);
+        let u = |x: f64, w: f64| (2.0 * x + 1.0) / w - 1.0;
+        lo.extend([u(bx.left, cw), u(bx.top, ch)]);
+        hi.extend([u(bx.left + bx.width - 1.0, cw), u(bx.top + bx.height - 1.0, ch)]);
+    }
+    let on = |v: Vec<f64>, shape: &[i64]| {
+        Tensor::from_slice(&v)
+            .to_kind(Kind::Float)
+            .view(shape)
+            .to_device(device)
+    };
+    let theta = on(theta, &[b, 2, 3]);
+    let grid = Tensor::affine_grid_generator(&theta, [b, 3, size, size], false);
+    let grid = grid.maximum(&on(lo, &[b, 1, 1, 2])).minimum(&on(hi, &[b, 1, 1, 2]));
+    let x = canvas.permute([0, 3, 1, 2]).to_kind(Kind::Float);
+    // bilinear (0), border padding (1): the clamp keeps every point inside the image anyway.
+    x.grid_sampler(&grid, 0, 1, false)
+}
