@@ -57,12 +57,7 @@ pub fn ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
 
 /// An ImageFolder tree of the demo's procedural shapes (36 px): `per_class` PNGs per class.
 pub fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
-    Shapes {
-        size: 36,
-        seed: 3,
-        first: 0,
-    }
-    .write(root, classes, per_class);
+    Shapes { size: 36, seed: 3, first: 0 }.write(root, classes, per_class);
 }
 
 /// Images of the demo's procedural shapes, `size` px: class `c` is the demo's `c`-th shape, its
@@ -120,13 +115,7 @@ pub fn metrics_rows(run: &Path) -> Vec<Vec<f64>> {
 pub fn torchrun(nproc: usize) -> Command {
     let mut c = Command::new(Path::new(&python()).with_file_name("torchrun"));
     let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
-    c.args([
-        "--nproc-per-node",
-        &nproc.to_string(),
-        "--master-port",
-        &port,
-        "--no-python",
-    ]);
+    c.args(["--nproc-per-node", &nproc.to_string(), "--master-port", &port, "--no-python"]);
     c.arg(env!("CARGO_BIN_EXE_ringtrain"));
     c
 }
@@ -135,13 +124,7 @@ pub fn torchrun(nproc: usize) -> Command {
 pub fn event_files(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .starts_with("events.out")
-        })
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("events.out"))
         .count()
 }
 
