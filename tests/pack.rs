@@ -13,9 +13,17 @@ use ringtrain::data::transform::Transform;
 use ringtrain::data::Normalizer;
 use tch::{Device, Kind, Tensor};
 
+/// `write_folder`'s images in a temporary directory: (the directory, the ImageFolder in it).
+fn folder() -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    write_folder(&data);
+    (d, data)
+}
+
 /// Three classes of PNGs of several sizes, and photo-like 640×480 JPEGs (a 32 px crop of those
 /// is decoded at 1/8 size by the folder pipeline).
-fn folder(root: &Path) {
+fn write_folder(root: &Path) {
     for c in 0..3u32 {
         let dir = root.join(format!("class{c}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -82,6 +90,14 @@ fn batches(l: &Loader, epochs: &[u64]) -> Vec<(Vec<u8>, Vec<i64>)> {
         .collect()
 }
 
+/// `options(workers)`, every JPEG decoded whole.
+fn whole(workers: usize) -> LoaderOptions {
+    LoaderOptions {
+        whole_jpeg: true,
+        ..options(workers)
+    }
+}
+
 fn loader(data: &Path, t: &Transform, o: LoaderOptions) -> Loader {
     Loader::new(Dataset::open(data, "--data").unwrap().samples, t.clone(), o).unwrap()
 }
@@ -103,9 +119,7 @@ fn difference(a: &[(Vec<u8>, Vec<i64>)], b: &[(Vec<u8>, Vec<i64>)]) -> (f64, u8)
 
 #[test]
 fn an_encoded_pack_gives_the_folders_batches_bit_for_bit() {
-    let d = tempfile::tempdir().unwrap();
-    let data = d.path().join("data");
-    folder(&data);
+    let (d, data) = folder();
     let p = packed(&data, &d.path().join("enc.pack"), Store::Encoded, None);
     let set = Dataset::open(&p, "--data").unwrap();
     assert_eq!(set.classes, ["class0", "class1", "class2"]);
@@ -119,17 +133,11 @@ fn an_encoded_pack_gives_the_folders_batches_bit_for_bit() {
 
 #[test]
 fn a_raw_pack_is_the_folder_decoded_once() {
-    let d = tempfile::tempdir().unwrap();
-    let data = d.path().join("data");
-    folder(&data);
+    let (d, data) = folder();
     let raw = packed(&data, &d.path().join("raw.pack"), Store::Raw, None);
     let t = train_transform(32);
-    let whole = LoaderOptions {
-        whole_jpeg: true,
-        ..options(2)
-    };
     // Decoded whole (as the raw pack was): bit for bit, with 1 or 3 threads.
-    let folder_whole = batches(&loader(&data, &t, whole.clone()), &[0, 1]);
+    let folder_whole = batches(&loader(&data, &t, whole(2)), &[0, 1]);
     assert!(folder_whole == batches(&loader(&raw, &t, options(1)), &[0, 1]));
     assert!(folder_whole == batches(&loader(&raw, &t, options(3)), &[0, 1]));
     // Against the folder's default (small crops of the 640×480 JPEGs decoded at 1/8 size):
@@ -152,12 +160,8 @@ fn a_raw_pack_is_the_folder_decoded_once() {
         .count();
     assert_eq!(shrunk, 3, "640×480 → 64×48, torchvision's Resize(48)");
     let eval = Transform::Eval { size: 32, resize: 36 };
-    let whole = LoaderOptions {
-        whole_jpeg: true,
-        ..options(2)
-    };
     let (mean, worst) = difference(
-        &batches(&loader(&data, &eval, whole), &[0]),
+        &batches(&loader(&data, &eval, whole(2)), &[0]),
         &batches(&loader(&small, &eval, options(2)), &[0]),
     );
     eprintln!("raw pack at --max-side 48 against the folder, evaluation crops: mean {mean:.3}, worst {worst}");
@@ -166,9 +170,7 @@ fn a_raw_pack_is_the_folder_decoded_once() {
 
 #[test]
 fn the_ram_cache_serves_later_epochs_as_the_first_decoded_them() {
-    let d = tempfile::tempdir().unwrap();
-    let data = d.path().join("data");
-    folder(&data);
+    let (_d, data) = folder();
     let t = train_transform(32);
     let budget = Budget::new(u64::MAX);
     let cached = |workers| {
@@ -191,11 +193,7 @@ fn the_ram_cache_serves_later_epochs_as_the_first_decoded_them() {
     // Epochs 0 and 1 again, now all from the cache: the same batches; and the same as an
     // uncached loader that decodes whole, with any thread count.
     assert!(first == batches(&l, &[0, 1]));
-    let whole = LoaderOptions {
-        whole_jpeg: true,
-        ..options(1)
-    };
-    assert!(first == batches(&loader(&data, &t, whole), &[0, 1]));
+    assert!(first == batches(&loader(&data, &t, whole(1)), &[0, 1]));
     assert!(first == batches(&cached(3), &[0, 1]));
     // A budget too small for anything: nothing kept, the same batches.
     let none = Budget::new(10);
@@ -204,8 +202,7 @@ fn the_ram_cache_serves_later_epochs_as_the_first_decoded_them() {
         &t,
         LoaderOptions {
             cache: Some(none.clone()),
-            whole_jpeg: true,
-            ..options(2)
+            ..whole(2)
         },
     );
     assert!(first == batches(&l, &[0, 1]));
@@ -214,9 +211,7 @@ fn the_ram_cache_serves_later_epochs_as_the_first_decoded_them() {
 
 #[test]
 fn a_pack_splits_as_its_folder_does() {
-    let d = tempfile::tempdir().unwrap();
-    let data = d.path().join("data");
-    folder(&data);
+    let (d, data) = folder();
     let p = packed(&data, &d.path().join("raw.pack"), Store::Raw, None);
     let names = |root: &Path, s: &ringtrain::data::source::Samples| -> Vec<PathBuf> {
         s.items
@@ -327,9 +322,7 @@ fn device_side_crops_follow_random_resized_crop_and_flip_half_the_time() {
 /// host's own resized pixels: the same uint8 batches as the host pipeline.
 #[test]
 fn device_side_padded_crops_and_evaluation_equal_the_host_pipeline() {
-    let d = tempfile::tempdir().unwrap();
-    let data = d.path().join("data");
-    folder(&data);
+    let (_d, data) = folder();
     let normalize = Normalizer::new([0.5; 3], [0.25; 3], Device::Cpu);
     let pad = Transform::Train {
         size: 24,
@@ -384,9 +377,7 @@ fn device_side_resized_crops_are_close_to_the_host_pipeline() {
 
 #[test]
 fn a_pack_is_replaced_atomically_and_bad_packs_are_refused() {
-    let d = tempfile::tempdir().unwrap();
-    let data = d.path().join("data");
-    folder(&data);
+    let (d, data) = folder();
     let p = packed(&data, &d.path().join("x.pack"), Store::Encoded, None);
     // No temporary file is left beside it.
     let names: Vec<_> = std::fs::read_dir(d.path())

@@ -127,7 +127,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
 pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<f64> {
     let folder = match o.data.is_file() {
         true => {
-            let root = crate::data::pack::Pack::open(&o.data, "--data")?.index.root;
+            let root = crate::data::pack::Pack::folder_of(&o.data, "--data")?;
             if !root.is_dir() {
                 bail_user!(
                     "--vs-pytorch reads the pack's folder, {}, which is not there",

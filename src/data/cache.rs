@@ -117,7 +117,8 @@ pub fn estimate_decoded(samples: &Samples) -> u64 {
     if n == 0 {
         return 0;
     }
-    let picks: Vec<usize> = (0..64.min(n)).map(|k| k * n / 64.min(n)).collect();
+    let k = n.min(64);
+    let picks: Vec<usize> = (0..k).map(|j| j * n / k).collect();
     let sizes: u64 = picks
         .iter()
         .map(|&i| match samples.read(i) {

@@ -130,14 +130,10 @@ impl ImageFolder {
     pub fn is_empty(&self) -> bool {
         self.samples.is_empty()
     }
-
-    /// Validation must use the same classes in the same order, or labels would silently mismatch.
-    pub fn check_same_classes(&self, train: &ImageFolder) -> Result<()> {
-        same_classes(&self.classes, &train.classes, &self.root)
-    }
 }
 
-/// Refuses validation classes (`val`, from `root`) that differ from the training classes.
+/// Refuses validation classes (`val`, from `root`) that differ from the training classes: the
+/// same classes in the same order, or labels would silently mismatch.
 pub fn same_classes(val: &[String], train: &[String], root: &Path) -> Result<()> {
     if val != train {
         let missing: Vec<_> = train.iter().filter(|c| !val.contains(c)).collect();
@@ -214,7 +210,7 @@ mod tests {
         touch(&v.path().join("cow/a.png"));
         let tf = ImageFolder::scan(t.path(), "--data").unwrap();
         let vf = ImageFolder::scan(v.path(), "--val").unwrap();
-        let e = vf.check_same_classes(&tf).unwrap_err().to_string();
+        let e = same_classes(&vf.classes, &tf.classes, &vf.root).unwrap_err().to_string();
         assert!(e.contains("\"dog\"") && e.contains("\"cow\""), "{e}");
     }
 }

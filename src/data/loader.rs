@@ -21,7 +21,6 @@ use super::source::{Samples, Stored};
 use super::transform::{RgbView, Transform};
 use super::{HostNormalize, Normalizer};
 use crate::seeds;
-use rand_chacha::ChaCha8Rng;
 
 /// One batch on the host: images u8 [B, H, W, 3] (or, normalised by the workers for a CPU device,
 /// f32 [B, 3, H, W]), labels i64 [B], and which samples they are.
@@ -425,27 +424,25 @@ pub(crate) fn load_sample(
 ) -> Result<()> {
     let rng = &mut seeds::sample(seed, epoch, i as u64);
     let path = samples.path(i);
-    let finish = |img: RgbView<'_>, rng: &mut ChaCha8Rng, out: &mut [u8]| -> Result<()> {
-        let bx = t.source_box(img.width, img.height, rng);
-        t.finish(img, bx, rng, out)
-            .with_context(|| format!("transforming {}", path.display()))
+    let stored = match cache.and_then(|c| c.get(i)) {
+        Some(img) => Stored::Raw(img),
+        None => samples.read(i)?,
     };
-    if let Some(img) = cache.and_then(|c| c.get(i)) {
-        return finish(img, rng, out);
-    }
-    match samples.read(i)? {
-        Stored::Raw(img) => finish(img, rng, out),
+    let mut decoded = None; // the image decoded here, for the cache
+    let (img, bx) = match stored {
+        Stored::Raw(img) => (img, t.source_box(img.width, img.height, rng)),
         Stored::Encoded(bytes) => {
             let shrink_to = (!whole_jpeg && cache.is_none()).then_some(t.size());
             let (img, bx) = decode_bytes_for(&bytes, path, shrink_to, |w, h| t.source_box(w, h, rng))?;
-            t.finish((&img).into(), bx, rng, out)
-                .with_context(|| format!("transforming {}", path.display()))?;
-            if let Some(c) = cache {
-                c.put(i, img.width(), img.height(), img.into_raw());
-            }
-            Ok(())
+            (RgbView::from(&*decoded.insert(img)), bx)
         }
+    };
+    t.finish(img, bx, rng, out)
+        .with_context(|| format!("transforming {}", path.display()))?;
+    if let (Some(c), Some(img)) = (cache, decoded) {
+        c.put(i, img.width(), img.height(), img.into_raw());
     }
+    Ok(())
 }
 
 /// One epoch's batches, in order: built by the worker pool (behind a bounded queue), or on the

@@ -17,23 +17,16 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use image::RgbImage;
 use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
 use super::loader::{load_sample, Batch};
 use super::source::{Samples, Stored};
-use super::transform::{CropBox, RgbView, Transform};
+use super::transform::{CropBox, Moves, Transform};
 use super::Normalizer;
 use crate::bail_user;
 use crate::seeds;
-
-/// How the stored images become a batch.
-enum Layout {
-    /// Whole images in a canvas of `height`×`width`; `sizes[i]` is image i's (width, height).
-    Canvas { sizes: Vec<(u32, u32)> },
-    /// Every image already at the output size (padded crop: before its shift; evaluation: final).
-    Resized,
-}
 
 /// What loading a set needs besides its samples and transform.
 #[derive(Debug, Clone, Copy)]
@@ -46,11 +39,13 @@ pub struct DeviceSetOptions {
 }
 
 pub struct DeviceSet {
-    /// [N, H, W, 3] uint8 on the device.
+    /// [N, H, W, 3] uint8 on the device: whole images at the top-left of a canvas as large as
+    /// the largest (RandomResizedCrop), or every image at the output size.
     images: Tensor,
+    /// Image i's (width, height) in its canvas.
+    sizes: Vec<(u32, u32)>,
     /// [N] int64 on the device.
     labels: Tensor,
-    layout: Layout,
     transform: Transform,
     seed: u64,
     normalize: Normalizer,
@@ -82,7 +77,7 @@ impl DeviceSet {
         let canvas = matches!(transform, Transform::Train { pad: None, .. });
         let bar = crate::report::progress::count_bar(n as u64, "loading to the device");
         // Each sample as the device keeps it: whole (canvas) or at the output size.
-        let prepared: Vec<Result<(u32, u32, Vec<u8>)>> = pool.install(|| {
+        let prepared: Vec<Result<RgbImage>> = pool.install(|| {
             (0..n)
                 .into_par_iter()
                 .map(|i| {
@@ -109,7 +104,7 @@ impl DeviceSet {
             );
         }
         let ok = || prepared.iter().filter_map(|p| p.as_ref().ok());
-        let (cw, ch) = ok().fold((1, 1), |(w, h), p| (w.max(p.0), h.max(p.1)));
+        let (cw, ch) = ok().fold((1, 1), |(w, h), p| (w.max(p.width()), h.max(p.height())));
         // Straight into the tensor (no second copy), each image at the top-left of its canvas.
         let row = (cw * ch * 3) as usize;
         let images = Tensor::zeros([n as i64, ch as i64, cw as i64, 3], (Kind::Uint8, Device::Cpu));
@@ -117,9 +112,9 @@ impl DeviceSet {
         // the slice lives; the threads write disjoint rows.
         let host = unsafe { std::slice::from_raw_parts_mut(images.data_ptr() as *mut u8, n * row) };
         host.par_chunks_mut(row).zip(&prepared).for_each(|(dst, p)| {
-            if let Ok((w, _, px)) = p {
-                let line = (*w * 3) as usize;
-                for (y, src) in px.chunks_exact(line).enumerate() {
+            if let Ok(img) = p {
+                let line = (img.width() * 3) as usize;
+                for (y, src) in img.as_raw().chunks_exact(line).enumerate() {
                     let at = y * (cw * 3) as usize;
                     dst[at..at + line].copy_from_slice(src);
                 }
@@ -134,20 +129,15 @@ impl DeviceSet {
             ))
         })?;
         let labels: Vec<i64> = (0..n).map(|i| samples.label(i) as i64).collect();
-        let layout = match canvas {
-            true => Layout::Canvas {
-                sizes: prepared
-                    .iter()
-                    .map(|p| p.as_ref().map_or((1, 1), |p| (p.0, p.1)))
-                    .collect(),
-            },
-            false => Layout::Resized,
-        };
+        let sizes = prepared
+            .iter()
+            .map(|p| p.as_ref().map_or((1, 1), |p| p.dimensions()))
+            .collect();
         debug_assert!(canvas || (cw, ch) == (size, size));
         Ok(DeviceSet {
             images,
+            sizes,
             labels: Tensor::from_slice(&labels).to_device(device),
-            layout,
             transform: transform.clone(),
             seed,
             normalize,
@@ -183,20 +173,15 @@ impl DeviceSet {
         let rows = Tensor::from_slice(&kept.iter().map(|&i| i as i64).collect::<Vec<_>>()).to_device(device);
         let images = self.images.index_select(0, &rows);
         let size = self.transform.size() as i64;
-        let images = match (&self.layout, &self.transform) {
-            (_, Transform::Eval { .. }) => images,
-            (Layout::Resized, Transform::Train { pad, .. }) => {
-                let moves: Vec<_> = kept
-                    .iter()
-                    .map(|&i| self.draw(i, epoch, size as u32, size as u32).1)
-                    .collect();
-                shift_and_flip(&images, &moves, pad.unwrap_or(0) as i64, size)
+        let draws = || kept.iter().map(|&i| self.draw(i, epoch));
+        let images = match self.transform {
+            Transform::Eval { .. } => images,
+            Transform::Train { pad: Some(pad), .. } => {
+                let moves: Vec<_> = draws().map(|d| d.1).collect();
+                shift_and_flip(&images, &moves, pad as i64, size)
             }
-            (Layout::Canvas { sizes }, Transform::Train { .. }) => {
-                let draws: Vec<_> = kept
-                    .iter()
-                    .map(|&i| self.draw(i, epoch, sizes[i].0, sizes[i].1))
-                    .collect();
+            Transform::Train { pad: None, .. } => {
+                let draws: Vec<_> = draws().collect();
                 self.normalize.apply_pixels(&resized_crops(&images, &draws, size))
             }
         };
@@ -209,89 +194,54 @@ impl DeviceSet {
     }
 
     /// Sample `i`'s box and moves in `epoch`, drawn as the host pipeline draws them.
-    fn draw(&self, i: usize, epoch: u64, w: u32, h: u32) -> (CropBox, super::transform::Moves) {
+    fn draw(&self, i: usize, epoch: u64) -> (CropBox, Moves) {
         let rng = &mut seeds::sample(self.seed, epoch, i as u64);
+        let (w, h) = self.sizes[i];
         let bx = self.transform.source_box(w, h, rng);
         (bx, self.transform.moves(rng))
     }
 }
 
 /// Sample `i` as the device keeps it: decoded whole, or transformed to the output size (the
-/// padded crop's resize alone; evaluation's whole transform). Returns (width, height, RGB8).
-fn prepare(samples: &Samples, i: usize, t: &Transform, canvas: bool, whole_jpeg: bool) -> Result<(u32, u32, Vec<u8>)> {
+/// padded crop's resize alone; evaluation's whole transform).
+fn prepare(samples: &Samples, i: usize, t: &Transform, canvas: bool, whole_jpeg: bool) -> Result<RgbImage> {
     let size = t.size();
     if canvas {
-        let img = decode(samples, i, None)?;
-        return Ok((img.width, img.height, img.px));
+        return Ok(decode(samples, i, None)?.0);
     }
-    let mut out = vec![0u8; (size * size * 3) as usize];
+    let mut out = RgbImage::new(size, size);
     match t {
         // The resize that precedes the padded crop: the whole image to size×size, decoded as
         // the host decodes it (a JPEG at 1/8 size when that still holds the output's pixels).
         Transform::Train { .. } => {
-            let img = decode(samples, i, (!whole_jpeg).then_some(size))?;
-            super::transform::resize_box_into(img.view(), img.whole, size, &mut out)?;
+            let (img, whole) = decode(samples, i, (!whole_jpeg).then_some(size))?;
+            super::transform::resize_box_into((&img).into(), whole, size, &mut out)?;
         }
         Transform::Eval { .. } => load_sample(samples, i, t, (0, 0), whole_jpeg, None, &mut out)?,
     }
-    Ok((size, size, out))
+    Ok(out)
 }
 
-/// A decoded image and the whole image's box in its pixels.
-struct Owned {
-    width: u32,
-    height: u32,
-    px: Vec<u8>,
-    whole: CropBox,
-}
-
-impl Owned {
-    fn view(&self) -> RgbView<'_> {
-        RgbView {
-            width: self.width,
-            height: self.height,
-            px: &self.px,
+/// Sample `i` decoded, with the whole image's box in its pixels: whole, or (`shrink_to`) as
+/// `decode_bytes_for` shrinks a JPEG whose whole image becomes `shrink_to` pixels wide.
+fn decode(samples: &Samples, i: usize, shrink_to: Option<u32>) -> Result<(RgbImage, CropBox)> {
+    match samples.read(i)? {
+        Stored::Raw(v) => {
+            let img = RgbImage::from_raw(v.width, v.height, v.px.to_vec()).expect("a pack's sizes are checked");
+            Ok((img, CropBox::whole(v.width, v.height)))
         }
-    }
-}
-
-fn whole_box(w: u32, h: u32) -> CropBox {
-    CropBox {
-        left: 0.0,
-        top: 0.0,
-        width: w as f64,
-        height: h as f64,
-    }
-}
-
-/// Sample `i` decoded: whole, or (`shrink_to`) as `decode_bytes_for` shrinks a JPEG whose whole
-/// image becomes `shrink_to` pixels wide.
-fn decode(samples: &Samples, i: usize, shrink_to: Option<u32>) -> Result<Owned> {
-    Ok(match samples.read(i)? {
-        Stored::Raw(v) => Owned {
-            width: v.width,
-            height: v.height,
-            px: v.px.to_vec(),
-            whole: whole_box(v.width, v.height),
-        },
         Stored::Encoded(bytes) => {
             let path = samples.path(i);
-            let (img, whole) = super::decode::decode_bytes_for(&bytes, path, shrink_to, whole_box)
-                .with_context(|| format!("loading {}", path.display()))?;
-            Owned {
-                width: img.width(),
-                height: img.height(),
-                px: img.into_raw(),
-                whole,
-            }
+            super::decode::decode_bytes_for(&bytes, path, shrink_to, CropBox::whole)
+                .with_context(|| format!("loading {}", path.display()))
         }
-    })
+    }
 }
 
 /// CIFAR's RandomCrop(size, padding=pad) + flip of uint8 [B,S,S,3] images as one gather from the
 /// zero-padded batch: output (y, x) of image b takes padded (y + dy + pad, x' + dx + pad), x'
 /// mirrored when flipped (the host shifts, then flips).
-fn shift_and_flip(images: &Tensor, moves: &[super::transform::Moves], pad: i64, size: i64) -> Tensor {
+fn shift_and_flip(images: &Tensor, moves: &[Moves], pad: i64, size: i64) -> Tensor {
     let b = moves.len() as i64;
     let p = size + 2 * pad;
     let padded = images
@@ -314,7 +264,7 @@ fn shift_and_flip(images: &Tensor, moves: &[super::transform::Moves], pad: i64, 
 /// RandomResizedCrop + flip of uint8 [B,H,W,3] canvases: each output pixel's centre mapped into
 /// its box (as a resize of the box does), bilinear, clamped to the box's pixels. Returns f32
 /// [B,3,S,S] in 0..255.
-fn resized_crops(canvas: &Tensor, draws: &[(CropBox, super::transform::Moves)], size: i64) -> Tensor {
+fn resized_crops(canvas: &Tensor, draws: &[(CropBox, Moves)], size: i64) -> Tensor {
     let (b, ch, cw) = (draws.len() as i64, canvas.size()[1] as f64, canvas.size()[2] as f64);
     let device = canvas.device();
     // align_corners=False: normalised u ↔ pixel x = ((u + 1)·W − 1)/2. Output centre u_o maps to

@@ -98,6 +98,15 @@ impl Pack {
     /// Opens and validates `path`; `what` names the flag it came from. Every record is checked
     /// to lie inside the file, so reading one later cannot fail.
     pub fn open(path: &Path, what: &str) -> Result<Pack> {
+        Pack::map(path, what, true)
+    }
+
+    /// The folder `path` was packed from (its index alone: nothing read in ahead).
+    pub fn folder_of(path: &Path, what: &str) -> Result<PathBuf> {
+        Ok(Pack::map(path, what, false)?.index.root)
+    }
+
+    fn map(path: &Path, what: &str, read_ahead: bool) -> Result<Pack> {
         let file = match File::open(path) {
             Ok(f) => f,
             Err(e) => bail_user!("cannot open {what} pack {}: {e}", path.display()),
@@ -107,7 +116,7 @@ impl Pack {
         // in as it is read.
         let len = file.metadata().map_or(0, |m| m.len());
         let mut options = memmap2::MmapOptions::new();
-        if len < crate::data::cache::mem_available().unwrap_or(0) / 2 {
+        if read_ahead && len < crate::data::cache::mem_available().unwrap_or(0) / 2 {
             options.populate();
         }
         // SAFETY: the map is read-only; a pack is written under a temporary name and renamed

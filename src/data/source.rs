@@ -156,7 +156,7 @@ impl Dataset {
         self.samples.is_empty()
     }
 
-    /// Validation must use the same classes in the same order, or labels would silently mismatch.
+    /// Validation must use the training classes (`folder::same_classes`).
     pub fn check_same_classes(&self, train: &Dataset) -> Result<()> {
         super::folder::same_classes(&self.classes, &train.classes, &self.root)
     }

@@ -66,6 +66,18 @@ pub struct CropBox {
     pub height: f64,
 }
 
+impl CropBox {
+    /// All of a w×h image.
+    pub fn whole(w: u32, h: u32) -> CropBox {
+        CropBox {
+            left: 0.0,
+            top: 0.0,
+            width: w as f64,
+            height: h as f64,
+        }
+    }
+}
+
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area and aspect ratio,
 /// then a centre crop with the ratio clamped into range. Sizes are rounded as Python's `round`
 /// does (half to even).
@@ -156,12 +168,7 @@ pub fn resize_cut_box_into(img: RgbView<'_>, bx: CropBox, size: u32, out: &mut [
     for row in img.px.chunks_exact(stride).skip(top).take(h) {
         cut.extend_from_slice(&row[left * 3..(left + w) * 3]);
     }
-    let all = CropBox {
-        left: 0.0,
-        top: 0.0,
-        width: w as f64,
-        height: h as f64,
-    };
+    let all = CropBox::whole(w as u32, h as u32);
     let cut = RgbView {
         width: w as u32,
         height: h as u32,
@@ -216,12 +223,7 @@ impl Transform {
     /// `rng`). Known before decoding, so a decoder can shrink the image while decoding.
     pub fn source_box(&self, w: u32, h: u32, rng: &mut impl Rng) -> CropBox {
         match *self {
-            Transform::Train { pad: Some(_), .. } => CropBox {
-                left: 0.0,
-                top: 0.0,
-                width: w as f64,
-                height: h as f64,
-            },
+            Transform::Train { pad: Some(_), .. } => CropBox::whole(w, h),
             Transform::Train { scale, ratio, .. } => random_resized_crop_box(w, h, scale, ratio, rng),
             Transform::Eval { size, resize } => resize_center_crop_box(w, h, resize, size),
         }

@@ -83,7 +83,7 @@ impl TrainData {
             .cache_gb
             .map_or_else(|| default_budget(ctx.local_world), |gb| (gb * 1e9) as u64);
         let cache = match cfg.data_on_device {
-            true => CachePlan::off("data on the device"),
+            true => CachePlan::off("the set is on the device"),
             false => crate::data::cache::plan(cfg.cache, &[&train_samples, &val_samples], budget),
         };
         let base = LoaderOptions {
@@ -130,11 +130,13 @@ impl TrainData {
                 ..base
             },
         )?;
-        let mut note = format!("{source}; {}", cache.note);
-        if cfg.data_on_device {
-            let bytes = train.put_on_device(&normalize)? + val.put_on_device(&normalize)?;
-            note = format!("{source}; on {device:?}: {:.2} GB of uint8 images", bytes as f64 / 1e9);
-        }
+        let note = match cfg.data_on_device {
+            true => {
+                let bytes = train.put_on_device(&normalize)? + val.put_on_device(&normalize)?;
+                format!("{source}; on {device:?}: {:.2} GB of uint8 images", bytes as f64 / 1e9)
+            }
+            false => format!("{source}; {}", cache.note),
+        };
         Ok(TrainData {
             note,
             classes: train_set.classes.clone(),
@@ -240,17 +242,7 @@ fn check_something_decodes(samples: &Samples, root: &Path) -> Result<()> {
     for i in 0..n {
         let decoded = match samples.read(i) {
             Ok(Stored::Raw(_)) => return Ok(()),
-            Ok(Stored::Encoded(bytes)) => {
-                crate::data::decode::decode_bytes_for(&bytes, samples.path(i), None, |w, h| {
-                    crate::data::transform::CropBox {
-                        left: 0.0,
-                        top: 0.0,
-                        width: w as f64,
-                        height: h as f64,
-                    }
-                })
-                .map(|_| ())
-            }
+            Ok(Stored::Encoded(bytes)) => crate::data::decode::decode_bytes(&bytes, samples.path(i)).map(|_| ()),
             Err(e) => Err(e),
         };
         match decoded {
