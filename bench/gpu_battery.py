@@ -482,6 +482,15 @@ def main():
                 return bench_figures(text, vs_pytorch=True, memory=False)
             b.check(f"end_to_end_{model}_bf16_{how}", "speed", decode_once)
 
+    # The newer families: ConvNeXt-T and ViT-B/16 at 224 px, bf16, channels_last, against eager
+    # PyTorch in the same run (dry: 32 px, batch 2).
+    for model in ("convnext_tiny", "vit_b_16"):
+        batch, img, n, warm = (2, 32, 2, 1) if dry else (128, 224, 40, 10)
+        args = ["bench", "--model", model, "--batch-size", batch, "--img-size", img, "--device", dev,
+                "--steps", n, "--warmup", warm, "--amp", amp_of("bf16"), "--channels-last", "true"]
+        b.check(f"step_{model}_bf16", "speed", lambda args=args: bench_figures(
+            b.ringtrain(*args, "--vs-pytorch", "--python", b.python), vs_pytorch=True, memory=not dry))
+
     shared = HERE / "shared" / "bench_loader.py"
     if shared.is_file() and not dry:
         def shared_loader():

@@ -30,6 +30,9 @@ def main(model, batch, size, amp, channels_last, device, steps, warmup, window):
         m = torchvision.models.resnet18(num_classes=1000)
         m.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
         m.maxpool = torch.nn.Identity()
+    elif model.startswith("vit"):
+        # A ViT is built for one image size (its position embeddings).
+        m = getattr(torchvision.models, model)(num_classes=1000, image_size=size)
     else:
         m = getattr(torchvision.models, model)(num_classes=1000)
     m = m.to(dev)

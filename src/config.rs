@@ -183,6 +183,16 @@ pub struct TrainConfig {
     pub freeze: Vec<String>,
     /// The classifier head's learning rate, as a multiple of --lr.
     pub head_lr_mult: f64,
+    /// Stochastic depth rate (None: the architecture's torchvision default).
+    pub drop_path: Option<f64>,
+    /// Dropout before the classifier, or in a ViT's encoder (None: torchvision's default).
+    pub dropout: Option<f64>,
+    /// Layer-wise learning-rate decay: layer l of the L in the network learns at
+    /// lr · decay^(L - 1 - l) (the stem the slowest, the head at lr).
+    pub layer_decay: Option<f64>,
+    /// No weight decay on normalisation weights, biases, layer scales, position embeddings and
+    /// class tokens (timm's rule).
+    pub no_norm_bias_decay: bool,
     /// `--resume auto|DIR`: a run-control flag, not a setting of the run (never saved).
     #[serde(skip)]
     pub resume: Option<String>,
@@ -262,6 +272,10 @@ impl Default for TrainConfig {
             pretrained: None,
             freeze: Vec::new(),
             head_lr_mult: 1.0,
+            drop_path: None,
+            dropout: None,
+            layer_decay: None,
+            no_norm_bias_decay: false,
             resume: None,
         }
     }
@@ -279,6 +293,9 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("cache_gb", "half the available memory, shared by the node's ranks"),
     ("loss_scale", "none: dynamic scaling"),
     ("channels_last", "on for CUDA, off on the CPU"),
+    ("drop_path", "the model's: see ringtrain models"),
+    ("dropout", "the model's: see ringtrain models"),
+    ("layer_decay", "none: one rate for all layers"),
 ];
 
 /// Reads a TOML file into a table (unknown keys are caught when the merged table is parsed).
@@ -311,8 +328,14 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
     for (k, v) in overrides {
         table.insert(k, v);
     }
+    let img_size_given = table.contains_key("img_size");
     match TrainConfig::deserialize(toml::Value::Table(table)) {
-        Ok(c) => Ok(c),
+        Ok(mut c) => {
+            if !img_size_given {
+                c.img_size = c.model.default_img_size();
+            }
+            Ok(c)
+        }
         // toml's message spans lines ("invalid type: ..., expected usize", "in `epochs`").
         Err(e) => bail_user!("invalid configuration: {}", one_line(&e.to_string())),
     }
@@ -605,7 +628,42 @@ impl TrainConfig {
         if self.zero_init_residual && self.model.residual_bn().is_none() {
             bail_user!("--zero-init-residual needs a ResNet; --model {} has no residual blocks", self.model);
         }
+        if let Some(patch) = self.model.patch_size() {
+            if !self.img_size.is_multiple_of(patch) {
+                bail_user!("--img-size {} must be a multiple of {}'s patch size {patch}", self.img_size, self.model);
+            }
+        }
+        if let Some(p) = self.drop_path {
+            if self.model.default_drop_path().is_none() {
+                bail_user!("--drop-path: --model {} has no stochastic depth", self.model);
+            }
+            if !(0.0..1.0).contains(&p) {
+                bail_user!("--drop-path must be in [0, 1), got {p}");
+            }
+        }
+        if let Some(p) = self.dropout {
+            if self.model.default_dropout().is_none() {
+                bail_user!("--dropout: --model {} has no dropout", self.model);
+            }
+            if !(0.0..1.0).contains(&p) {
+                bail_user!("--dropout must be in [0, 1), got {p}");
+            }
+        }
+        if let Some(d) = self.layer_decay {
+            if !(d > 0.0 && d <= 1.0) {
+                bail_user!("--layer-decay must be in (0, 1], got {d}");
+            }
+        }
         Ok(())
+    }
+
+    /// How the network is built for this run.
+    pub fn model_options(&self) -> crate::model::ModelOptions {
+        crate::model::ModelOptions {
+            img_size: self.img_size,
+            drop_path: self.drop_path,
+            dropout: self.dropout,
+        }
     }
 
     pub fn to_toml(&self) -> Result<String> {

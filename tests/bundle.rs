@@ -156,6 +156,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     for model in ["resnet50", "resnet18-cifar"] {
         want.extend(["raw_pack", "on_device"].map(|how| format!("end_to_end_{model}_bf16_{how}")));
     }
+    want.extend(["step_convnext_tiny_bf16", "step_vit_b_16_bf16"].map(String::from));
     assert_eq!(names, want);
     for c in checks {
         assert_eq!(c["passed"], true, "{c:#}");

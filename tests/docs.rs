@@ -180,3 +180,33 @@ fn the_guides_defaults_are_the_defaults_the_help_shows() {
     }
     assert!(checked >= 45, "only {checked} defaults compared");
 }
+
+/// The README's model table is `ringtrain models`: the same architectures in the same order
+/// with the same parameter counts and input sizes; the guide's `--model` row names each.
+#[test]
+fn the_model_tables_list_every_architecture() {
+    let o = common::ringtrain(&["models"]);
+    assert!(o.status.success());
+    let listed: Vec<Vec<String>> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    assert!(listed.len() >= 24, "{listed:?}");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let table: Vec<Vec<String>> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("| model | parameters | input |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.split('|').skip(1).take(3).map(|c| c.trim().trim_matches('`').to_string()).collect())
+        .collect();
+    let want: Vec<Vec<String>> = listed.iter().map(|r| r[..3].to_vec()).collect();
+    assert_eq!(table, want, "README's model table against `ringtrain models`");
+    let guide = std::fs::read_to_string(root.join("docs/GUIDE.md")).unwrap();
+    let row = guide.lines().find(|l| l.starts_with("| `--model` |")).unwrap();
+    for r in &listed {
+        assert!(row.contains(&format!("`{}`", r[0])), "the guide's --model row lacks {}", r[0]);
+    }
+}

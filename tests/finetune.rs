@@ -125,3 +125,104 @@ fn pytorch_loads_ringtrains_weights_and_gets_predicts_logits() {
         "logits differ by {rel:.1e} of the largest logit (bound {SAME}): {r}"
     );
 }
+
+/// Links the first `n` images of four plant-seedling classes into `dst` (never copied).
+fn seedlings(dst: &Path, n: usize) {
+    let src = common::shared_data("plant-seedlings/train");
+    for c in ["Charlock", "Common_Chickweed", "Loose_Silky-bent", "Sugar_beet"] {
+        std::fs::create_dir_all(dst.join(c)).unwrap();
+        let mut files: Vec<_> = std::fs::read_dir(src.join(c)).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        for f in files.into_iter().take(n) {
+            std::os::unix::fs::symlink(&f, dst.join(c).join(f.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
+/// One family's fine-tuning as a user runs it: torchvision's 7-class weights (as torchvision
+/// initialises them, saved from Python) with `--pretrained`, a new 4-class head, the stem
+/// frozen, the head at 10× the rate, five epochs of batches of 8 from 48 plant-seedling images
+/// at `img` px with the family's own flags. The training loss falls, every frozen tensor (BatchNorm statistics
+/// included) is unchanged, the rest moved.
+fn fine_tunes(model: &str, img: u32, freeze: &str, flags: &str) {
+    let d = tempfile::tempdir().unwrap();
+    common::run_python(&["init_state", d.path().to_str().unwrap(), model]);
+    let pretrained = d.path().join(format!("{model}.init.safetensors"));
+    let data = d.path().join("data");
+    seedlings(&data, 12);
+    let out = d.path().join("run");
+    let o = common::ringtrain(&common::argv(
+        &format!(
+            "train --data {{}} --val {{}} --out {{}} --pretrained {{}} --model {model} --freeze {freeze} --img-size {img} \
+             --epochs 5 --batch-size 8 --head-lr-mult 10 --warmup-epochs 0 --device cpu {flags}"
+        ),
+        &[&data, &data, &out, &pretrained],
+    ));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{model}: {stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("re-initialised head [") && stdout.contains("missing []"), "{model}: {stdout}");
+
+    let rows = common::metrics_rows(&out);
+    let (first, last) = (rows[0][1], rows[rows.len() - 1][1]);
+    eprintln!("{model}: training loss {first:.3} -> {last:.3}");
+    assert!(last < first, "{model}: training loss did not fall: {first} -> {last}");
+
+    let (before, after) = (load(&pretrained), load(&out.join("last/model.safetensors")));
+    let prefixes: Vec<String> = freeze.split(',').map(|p| format!("{p}.")).collect();
+    let frozen = |n: &str| prefixes.iter().any(|p| n.starts_with(p) || n == &p[..p.len() - 1]);
+    let (mut kept, mut moved) = (0, 0);
+    for (name, t) in &after {
+        if name.ends_with("num_batches_tracked") || !before.contains_key(name) || t.size() != before[name].size() {
+            continue;
+        }
+        if frozen(name) {
+            assert!(t.equal(&before[name]), "{model}: {name} is frozen but changed");
+            kept += 1;
+        } else if !t.equal(&before[name]) {
+            moved += 1;
+        }
+    }
+    assert!(kept > 0 && moved > 0, "{model}: {kept} frozen tensors kept, {moved} others moved");
+}
+
+#[test]
+fn resnext_fine_tunes() {
+    fine_tunes("resnext50_32x4d", 32, "conv1,bn1,layer1", "--optimizer adamw --lr 0.001");
+}
+
+#[test]
+fn convnext_fine_tunes_with_layer_decay_and_drop_path() {
+    fine_tunes(
+        "convnext_tiny",
+        32,
+        "features.0,features.1",
+        "--optimizer adamw --lr 0.0003 --weight-decay 0.05 --layer-decay 0.8 --drop-path 0.1 --no-norm-bias-decay",
+    );
+}
+
+#[test]
+fn efficientnet_fine_tunes() {
+        // torchvision starts the head at U(±1/√classes): with 4 classes its logits start large
+    // (loss about 10), which SGD works down steadily; AdamW wanders.
+    fine_tunes("efficientnet_b0", 64, "features.0,features.1", "--lr 0.01");
+}
+
+#[test]
+fn mobilenet_v3_fine_tunes() {
+    fine_tunes("mobilenet_v3_small", 64, "features.0", "--optimizer adamw --lr 0.001");
+}
+
+#[test]
+fn vit_fine_tunes_with_layer_decay() {
+    fine_tunes(
+        "vit_b_16",
+        32,
+        "conv_proj,class_token,encoder.pos_embedding",
+        "--optimizer adamw --lr 0.0005 --weight-decay 0.05 --layer-decay 0.75 --no-norm-bias-decay",
+    );
+}
+
+#[test]
+fn regnet_fine_tunes() {
+    fine_tunes("regnet_y_400mf", 32, "stem,trunk_output.block1", "--optimizer adamw --lr 0.001");
+}

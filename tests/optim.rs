@@ -60,6 +60,7 @@ fn new_optimizer(kind: &str, params: &[(String, Tensor)]) -> Optimizer {
             head_prefix: "fc",
             head_lr_mult: 10.0,
             no_decay: &no_decay,
+            layer_decay: None,
         },
     )
 }

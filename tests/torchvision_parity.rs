@@ -5,7 +5,7 @@ mod common;
 use std::collections::HashMap;
 
 use ringtrain::data::folder::ImageFolder;
-use ringtrain::model::Model;
+use ringtrain::model::{Model, ModelKind, ModelOptions};
 use tch::{Device, Tensor};
 
 const MODELS: &[&str] = &[
@@ -13,16 +13,42 @@ const MODELS: &[&str] = &[
     "resnet34",
     "resnet50",
     "resnet101",
+    "resnext50_32x4d",
+    "wide_resnet50_2",
     "alexnet",
     "resnet18-cifar",
+    "convnext_tiny",
+    "convnext_small",
+    "efficientnet_b0",
+    "efficientnet_b1",
+    "efficientnet_b2",
+    "efficientnet_b3",
+    "efficientnet_v2_s",
+    "mobilenet_v3_small",
+    "mobilenet_v3_large",
+    "vit_b_16",
+    "regnet_y_400mf",
+    "regnet_y_800mf",
+    "regnet_y_1_6gf",
+    "regnet_y_3_2gf",
 ];
+
+/// `kind` at `img_size` with stochastic depth and dropout off (the reference builds them so).
+fn deterministic(kind: ModelKind, img_size: u32) -> ModelOptions {
+    ModelOptions {
+        img_size,
+        drop_path: kind.default_drop_path().map(|_| 0.0),
+        dropout: kind.default_dropout().map(|_| 0.0),
+    }
+}
 
 /// Logits are compared relative to the largest of torchvision's (2.3e-2 for alexnet, 9.7e3 for
 /// resnet101 with its random BatchNorm statistics): the two sides' convolutions can take
 /// different kernels (and summation orders) on different CPUs. Measured on one AVX-512 machine at
 /// its defaults, with oneDNN limited to SSE4.1, AVX2 and AVX-512 and with ATen limited to no
 /// vectorisation, AVX2 and AVX-512: 0 (the same kernels on both sides there); torchvision's
-/// train-mode logits differ from its eval-mode ones by ≥ 0.97.
+/// train-mode logits differ from its eval-mode ones by ≥ 0.97. Parameter counts are compared
+/// too (the state_dict names and shapes already are, by the strict load).
 #[test]
 fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
     const SAME: f64 = 1e-5;
@@ -32,7 +58,12 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
     args.extend(MODELS);
     common::run_python(&args);
     for name in MODELS {
-        let mut model = Model::new(name.parse().unwrap(), 7, Device::Cpu);
+        let kind: ModelKind = name.parse().unwrap();
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join(format!("{name}.json"))).unwrap()).unwrap();
+        let size = meta["size"].as_u64().unwrap() as u32;
+        let mut model = Model::build(kind, 7, Device::Cpu, deterministic(kind, size));
+        assert_eq!(model.num_parameters(), meta["parameters"].as_i64().unwrap(), "{name}: parameter count");
         // load_safetensors refuses missing or unexpected names: this checks the naming too.
         model
             .load_safetensors(&dir.path().join(format!("{name}.safetensors")))
@@ -56,19 +87,113 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
             let got = tch::no_grad(|| model.forward(&io["x"], true));
             let r_train = common::rel_max_diff(&got, want);
             // The contrast: the logits of the other mode (BatchNorm on its running statistics
-            // instead of the batch's) are far from these.
+            // instead of the batch's) are far from these. ConvNeXt and ViT (LayerNorm only)
+            // have no mode to tell apart.
             let r_mode = common::rel_max_diff(&io["eval_logits"], want);
+            let batch_norm = model.vs.variables().keys().any(|k| k.ends_with(".running_mean"));
+            let contrast = if batch_norm { DIFFERENT } else { 0.0 };
             eprintln!(
                 "{name}: train-mode logits differ by {r_train:.1e} of their largest ({:.2e}); eval-mode ones by {r_mode:.1e}",
                 common::max_abs(want)
             );
             assert!(
-                r_train <= SAME && r_mode >= DIFFERENT,
+                r_train <= SAME && r_mode >= contrast,
                 "{name}: train-mode logits differ from torchvision by {r_train:.1e} of its largest (bound {SAME}; \
-                 max abs {:.1e}), its eval-mode ones by {r_mode:.1e} (must exceed {DIFFERENT})",
+                 max abs {:.1e}), its eval-mode ones by {r_mode:.1e} (must exceed {contrast})",
                 common::max_abs_diff(&got, want)
             );
         }
+    }
+}
+
+/// The other direction, for every architecture: a fresh ringtrain model (its own
+/// initialisation), saved as ringtrain saves checkpoints, loads into torchvision with
+/// `strict=True` and gives ringtrain's logits there. Bound and measurements as above.
+#[test]
+fn ringtrain_checkpoints_load_strictly_into_torchvision_and_give_the_same_logits() {
+    const SAME: f64 = 1e-5;
+    let dir = tempfile::tempdir().unwrap();
+    tch::manual_seed(0);
+    for name in MODELS {
+        let kind: ModelKind = name.parse().unwrap();
+        let size = match kind {
+            ModelKind::AlexNet => 96,
+            ModelKind::ResNet18Cifar | ModelKind::VitB16 => 32,
+            _ => 64,
+        };
+        let model = Model::build(kind, 7, Device::Cpu, deterministic(kind, size));
+        model.save_safetensors(&dir.path().join(format!("{name}.ours.safetensors"))).unwrap();
+        let x = Tensor::randn([2, 3, size as i64, size as i64], (tch::Kind::Float, Device::Cpu));
+        let logits = tch::no_grad(|| model.forward(&x, false));
+        Tensor::write_safetensors(
+            &[("x", &x), ("logits", &logits)],
+            dir.path().join(format!("{name}.ours_io.safetensors")),
+        )
+        .unwrap();
+    }
+    let mut args = vec!["load_strict", dir.path().to_str().unwrap()];
+    args.extend(MODELS);
+    let r: serde_json::Value = serde_json::from_str(&common::run_python(&args)).unwrap();
+    for name in MODELS {
+        let (diff, scale) = (r[name]["max_abs_diff"].as_f64().unwrap(), r[name]["logit_scale"].as_f64().unwrap());
+        eprintln!("{name}: torchvision with ringtrain's weights: logits differ by {diff:.1e} (largest {scale:.1e})");
+        // A fresh ViT's head is zero (torchvision's init), so its logits are too.
+        assert!(scale > 0.0 || *name == "vit_b_16", "{name}: all logits 0");
+        assert!(diff <= SAME * scale, "{name}: logits differ by {diff:.1e} of {scale:.1e}");
+    }
+}
+
+/// `--pretrained` of ViT weights made for 224 px into a 96 px model: the position embedding is
+/// interpolated as torchvision's `interpolate_embeddings` does it.
+#[test]
+fn vit_position_embeddings_are_interpolated_as_torchvision_does() {
+    let dir = tempfile::tempdir().unwrap();
+    tch::manual_seed(0);
+    let at_224 = Model::new(ModelKind::VitB16, 7, Device::Cpu);
+    let src = dir.path().join("vit224.safetensors");
+    at_224.save_safetensors(&src).unwrap();
+    let want = dir.path().join("want.safetensors");
+    common::run_python(&["interpolate_pos", src.to_str().unwrap(), "96", want.to_str().unwrap()]);
+    let want = &Tensor::read_safetensors(&want).unwrap()[0].1;
+    let opts = ModelOptions {
+        img_size: 96,
+        ..ModelOptions::defaults(ModelKind::VitB16)
+    };
+    let mut at_96 = Model::build(ModelKind::VitB16, 7, Device::Cpu, opts);
+    let r = at_96.load_pretrained(&src).unwrap();
+    assert_eq!(r.interpolated, ["encoder.pos_embedding"]);
+    assert!(r.missing.is_empty() && r.unexpected.is_empty(), "{r:?}");
+    let got = &at_96.vs.variables()["encoder.pos_embedding"];
+    assert_eq!(got.size(), [1, 37, 768]);
+    let d = common::rel_max_diff(got, want);
+    assert!(d <= 1e-6, "interpolated position embedding differs by {d:.1e} of its largest");
+}
+
+/// `ringtrain models` lists every architecture with torchvision's parameter count (at 1000
+/// classes) and its input size.
+#[test]
+fn models_lists_every_architecture_with_torchvisions_parameter_count() {
+    let o = common::ringtrain(&["models"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let rows: HashMap<&str, Vec<&str>> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|c| !c.is_empty())
+        .map(|c| (c[0], c))
+        .collect();
+    for kind in ModelKind::ALL {
+        assert!(rows.contains_key(kind.name()), "{kind} missing from:\n{out}");
+    }
+    let mut args = vec!["param_counts"];
+    args.extend(MODELS);
+    let counts: serde_json::Value = serde_json::from_str(&common::run_python(&args)).unwrap();
+    for name in MODELS {
+        let listed: i64 = rows[name][1].replace(',', "").parse().unwrap();
+        assert_eq!(listed, counts[name].as_i64().unwrap(), "{name}: parameters listed by ringtrain models");
+        let size: u32 = rows[name][2].parse().unwrap();
+        assert_eq!(size, name.parse::<ModelKind>().unwrap().default_img_size(), "{name}");
     }
 }
 

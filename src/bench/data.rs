@@ -90,6 +90,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     let mut step = match &o.model {
         Some(m) => Some(TrainStep::new(
             *m,
+            o.img_size,
             data.classes.len() as i64,
             o.device,
             o.amp,

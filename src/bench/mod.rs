@@ -60,6 +60,7 @@ pub struct TrainStep {
 impl TrainStep {
     pub fn new(
         model: ModelKind,
+        img_size: u32,
         num_classes: i64,
         device: Device,
         amp: Option<Kind>,
@@ -68,6 +69,7 @@ impl TrainStep {
     ) -> Result<Self> {
         let cfg = TrainConfig {
             model,
+            img_size,
             lr: 0.1,
             momentum: 0.9,
             weight_decay: 0.0,
@@ -110,7 +112,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
     if o.device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
-    let mut step = TrainStep::new(o.model, 1000, o.device, o.amp, o.channels_last, o.cuda_graphs)?;
+    let mut step = TrainStep::new(o.model, o.img_size, 1000, o.device, o.amp, o.channels_last, o.cuda_graphs)?;
     let mut x = Tensor::randn(
         [o.batch_size as i64, 3, o.img_size as i64, o.img_size as i64],
         (Kind::Float, o.device),

@@ -71,6 +71,9 @@ pub enum Command {
     /// Pack an ImageFolder tree into one file, its images decoded once (raw) or as their
     /// files' bytes (encoded); --data and --val of every command take the pack.
     Pack(PackArgs),
+    /// List every architecture --model takes: parameters at 1000 classes, the input size its
+    /// torchvision weights were made for, its head, and its stochastic depth and dropout.
+    Models,
 }
 
 #[derive(Args)]
@@ -456,6 +459,22 @@ pub struct TrainArgs {
     /// No weight decay on BatchNorm weights and biases.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub no_bn_weight_decay: Option<bool>,
+    /// No weight decay on any norm's weight and bias, any bias, ConvNeXt's layer scales, ViT's
+    /// position embedding and class token (as timm does).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub no_norm_bias_decay: Option<bool>,
+    /// Layer-wise learning-rate decay (ViT/ConvNeXt fine-tuning, e.g. 0.75): each layer below
+    /// the head learns at this times the rate of the one above it.
+    #[arg(long)]
+    pub layer_decay: Option<f64>,
+    /// Stochastic depth rate of the last block (ConvNeXt, EfficientNet, ViT), rising linearly
+    /// from 0 at the first.
+    #[arg(long)]
+    pub drop_path: Option<f64>,
+    /// Dropout before the classifier (EfficientNet, MobileNetV3, AlexNet) or in the encoder
+    /// (ViT).
+    #[arg(long)]
+    pub dropout: Option<f64>,
     /// Mixup alpha (timm's mixup_alpha, e.g. 0.8); 0 is off.
     #[arg(long)]
     pub mixup_alpha: Option<f64>,

@@ -10,10 +10,18 @@ use crate::config::{TrainConfig, UNSET_DEFAULTS};
 
 /// `cli` with the defaults in the help of `train` (the config's) and `demo` (its recipe's).
 pub fn show_defaults(cli: Command) -> Command {
-    let train = shown_defaults(&TrainConfig::default());
+    let train = train_defaults();
     let demo = shown_defaults(&super::demo_recipe());
     cli.mut_subcommand("train", |c| annotate(c, &train))
         .mut_subcommand("demo", |c| annotate(c, &demo))
+}
+
+/// `train`'s defaults as its help shows them.
+pub fn train_defaults() -> BTreeMap<String, String> {
+    let mut train = shown_defaults(&TrainConfig::default());
+    // Unset, it follows --model (config::resolve).
+    train.insert("img_size".into(), "the model's input size: see ringtrain models".into());
+    train
 }
 
 /// Every config key with its value in `cfg`, as a flag would give it (lists comma-separated).
@@ -81,7 +89,7 @@ mod tests {
     #[test]
     fn every_config_key_is_a_train_flag_whose_help_shows_its_default() {
         let train = subcommand("train");
-        for (key, shown) in shown_defaults(&TrainConfig::default()) {
+        for (key, shown) in train_defaults() {
             let arg = train
                 .get_arguments()
                 .find(|a| a.get_id() == key.as_str())

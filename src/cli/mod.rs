@@ -15,6 +15,7 @@ use crate::dist::plan::{self, Plan};
 use crate::dist::process_group::nccl_available;
 use crate::error::{first_line, is_user_error, user_error};
 use crate::infer::evaluate::{self, EvaluateOptions};
+use crate::model::{Model, ModelKind};
 use crate::infer::predict::{self, PredictOptions};
 use crate::report::progress::warn_unreadable;
 use crate::say;
@@ -39,6 +40,10 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Split(args)) => split(&args),
         Some(Command::Stats(args)) => stats(&args),
         Some(Command::Pack(args)) => pack(&args),
+        Some(Command::Models) => {
+            models();
+            Ok(())
+        }
         None => Err(user_error("no command given; try `ringtrain --help`")),
     }
 }
@@ -339,6 +344,40 @@ fn pack(a: &PackArgs) -> Result<()> {
         }
     );
     Ok(())
+}
+
+/// `ringtrain models`: one line per architecture (building each once to count its parameters).
+fn models() {
+    println!(
+        "{:<20} {:>12} {:>6}  {:<13} {:>9} {:>8}",
+        "model", "parameters", "input", "head", "drop-path", "dropout"
+    );
+    let shown = |v: Option<f64>| v.map_or("-".to_string(), |v| v.to_string());
+    for &kind in ModelKind::ALL {
+        let params = Model::new(kind, 1000, tch::Device::Cpu).num_parameters();
+        println!(
+            "{:<20} {:>12} {:>6}  {:<13} {:>9} {:>8}",
+            kind.name(),
+            thousands(params),
+            kind.default_img_size(),
+            kind.head_prefix(),
+            shown(kind.default_drop_path()),
+            shown(kind.default_dropout())
+        );
+    }
+}
+
+/// 25557032 → "25,557,032".
+fn thousands(n: i64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn stats(a: &StatsArgs) -> Result<()> {

@@ -43,18 +43,30 @@ impl Drop for SyncBatchNormGuard<'_> {
 #[derive(Debug)]
 pub struct BatchNorm2d {
     bn: nn::BatchNorm,
+    eps: f64,
+    momentum: f64,
 }
 
 /// `nn.BatchNorm2d(c)`: weight 1 and bias 0, as PyTorch starts it. tch's default draws the
 /// weight uniformly from [0, 1]; ringtrain once kept that, and it trained from-scratch ResNets
 /// up to 6 points of top-1 better than PyTorch on the same recipe (docs/BENCHMARKS.md).
 pub fn batch_norm2d(p: nn::Path, c: i64) -> BatchNorm2d {
+    batch_norm2d_with(p, c, 1e-5, 0.1)
+}
+
+/// `nn.BatchNorm2d(c, eps, momentum)`, for the families that change them (EfficientNetV2:
+/// eps 1e-3; MobileNetV3: eps 1e-3, momentum 0.01).
+pub fn batch_norm2d_with(p: nn::Path, c: i64, eps: f64, momentum: f64) -> BatchNorm2d {
     let cfg = nn::BatchNormConfig {
         ws_init: nn::Init::Const(1.0),
+        eps,
+        momentum,
         ..Default::default()
     };
     BatchNorm2d {
         bn: nn::batch_norm2d(p, c, cfg),
+        eps,
+        momentum,
     }
 }
 
@@ -81,8 +93,8 @@ impl ModuleT for BatchNorm2d {
                 ptr(b),
                 ptr(&self.bn.running_mean),
                 ptr(&self.bn.running_var),
-                0.1,
-                1e-5,
+                self.momentum,
+                self.eps,
             )
         };
         // A failed collective inside a forward pass has no Result to travel through (ModuleT):

@@ -2,8 +2,15 @@
 //! safetensors (so PyTorch can `load_state_dict` ours and we can load theirs).
 pub mod alexnet;
 pub mod batchnorm;
+pub mod convnext;
+pub mod efficientnet;
+pub mod kind;
+pub mod layers;
 pub mod lenet;
+pub mod mobilenet;
+pub mod regnet;
 pub mod resnet;
+pub mod vit;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -12,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use tch::nn::{self, ModuleT};
 use tch::{Device, Kind, Tensor};
 
-use resnet::{Block, ResNetSpec};
+pub use kind::{Arch, ModelKind};
 
 /// What `load_pretrained` did.
 #[derive(Debug, Default)]
@@ -24,70 +31,8 @@ pub struct PretrainedReport {
     pub unexpected: Vec<String>,
     /// Head tensors whose shape differs (another class count): re-initialised.
     pub reinitialized_head: Vec<String>,
-}
-
-crate::flag_enum! {
-    /// The architectures `--model` names.
-    pub enum ModelKind("unknown --model") {
-        ResNet18 = "resnet18",
-        ResNet34 = "resnet34",
-        ResNet50 = "resnet50",
-        ResNet101 = "resnet101",
-        AlexNet = "alexnet",
-        /// ResNet-18 with the CIFAR stem (3x3 conv, no max-pool) for 32 px images.
-        ResNet18Cifar = "resnet18-cifar",
-        /// The demo's model: one basic block per stage, narrow, CIFAR stem; fast on a CPU.
-        ResNet10Tiny = "resnet10-tiny",
-        LeNet5 = "lenet5",
-    }
-}
-
-impl ModelKind {
-    /// The classifier head's name prefix, as in torchvision: its tensors are re-initialised for
-    /// another class count by `--pretrained` and get `--head-lr-mult`.
-    pub fn head_prefix(self) -> &'static str {
-        match self {
-            ModelKind::AlexNet => "classifier.6",
-            ModelKind::LeNet5 => "fc3",
-            _ => "fc",
-        }
-    }
-
-    /// The smallest input the architecture's pooling leaves a feature map for.
-    pub fn min_img_size(self) -> u32 {
-        match self {
-            ModelKind::AlexNet => 63,
-            _ => 8,
-        }
-    }
-
-    /// The BatchNorm that ends every residual block, which torchvision's `zero_init_residual`
-    /// starts at 0: `bn2` of a basic block, `bn3` of a bottleneck (None: not a ResNet).
-    pub fn residual_bn(self) -> Option<&'static str> {
-        self.resnet_spec().map(|s| match s.block {
-            Block::Basic => "bn2",
-            Block::Bottleneck => "bn3",
-        })
-    }
-
-    fn resnet_spec(self) -> Option<ResNetSpec> {
-        let imagenet = [64, 128, 256, 512];
-        let (block, layers, widths, cifar_stem) = match self {
-            ModelKind::ResNet18 => (Block::Basic, [2, 2, 2, 2], imagenet, false),
-            ModelKind::ResNet34 => (Block::Basic, [3, 4, 6, 3], imagenet, false),
-            ModelKind::ResNet50 => (Block::Bottleneck, [3, 4, 6, 3], imagenet, false),
-            ModelKind::ResNet101 => (Block::Bottleneck, [3, 4, 23, 3], imagenet, false),
-            ModelKind::ResNet18Cifar => (Block::Basic, [2, 2, 2, 2], imagenet, true),
-            ModelKind::ResNet10Tiny => (Block::Basic, [1, 1, 1, 1], [16, 32, 64, 128], true),
-            ModelKind::AlexNet | ModelKind::LeNet5 => return None,
-        };
-        Some(ResNetSpec {
-            block,
-            layers,
-            widths,
-            cifar_stem,
-        })
-    }
+    /// A ViT's position embedding made for another image size: interpolated to this one.
+    pub interpolated: Vec<String>,
 }
 
 /// PyTorch's own initialisation of `nn.Linear` and `nn.Conv2d` (their `reset_parameters`),
@@ -95,13 +40,13 @@ impl ModelKind {
 /// `kaiming_uniform_(a=√5)` = U(±1/√fan_in), biases U(±1/√fan_in). tch's defaults differ (weights
 /// √6 times wider, conv biases zero); with them a from-scratch ResNet started with a head 2.4×
 /// too large.
-const TORCH_WEIGHT_INIT: nn::Init = nn::Init::Kaiming {
+pub const TORCH_WEIGHT_INIT: nn::Init = nn::Init::Kaiming {
     dist: nn::init::NormalOrUniform::Uniform,
     fan: nn::init::FanInOut::FanIn,
     non_linearity: nn::init::NonLinearity::ExplicitGain(0.577_350_269_189_625_8), // √(2/(1+5))
 };
 
-fn torch_bias(fan_in: i64) -> nn::Init {
+pub fn torch_bias(fan_in: i64) -> nn::Init {
     let b = 1.0 / (fan_in as f64).sqrt();
     nn::Init::Uniform { lo: -b, up: b }
 }
@@ -135,30 +80,102 @@ pub fn torch_conv2d<'a, T: std::borrow::Borrow<nn::Path<'a>>>(
     nn::conv2d(p, cin, cout, k, cfg)
 }
 
+/// How a network is built beyond its architecture: the input size (which sets a ViT's sequence
+/// length) and its regularisation (None: torchvision's default for the architecture).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelOptions {
+    pub img_size: u32,
+    pub drop_path: Option<f64>,
+    pub dropout: Option<f64>,
+}
+
+impl ModelOptions {
+    /// The architecture's own input size and regularisation.
+    pub fn defaults(kind: ModelKind) -> Self {
+        ModelOptions {
+            img_size: kind.default_img_size(),
+            drop_path: None,
+            dropout: None,
+        }
+    }
+}
+
+/// Which layer of the network each parameter belongs to, for `--layer-decay` (BEiT's and timm's
+/// layer-wise learning rates): the stem is layer 0, block i (in forward order) layer i + 1, and
+/// everything after the last block (final norm, head) the last layer.
+#[derive(Debug, Clone, Default)]
+pub struct LayerMap {
+    pub stem: Vec<String>,
+    /// Each block's name prefixes.
+    pub blocks: Vec<Vec<String>>,
+}
+
+impl LayerMap {
+    pub fn new(stem: &[&str]) -> Self {
+        LayerMap {
+            stem: stem.iter().map(|s| s.to_string()).collect(),
+            blocks: Vec::new(),
+        }
+    }
+
+    /// Stem, blocks, and what follows them.
+    pub fn num_layers(&self) -> usize {
+        self.blocks.len() + 2
+    }
+
+    pub fn layer_of(&self, name: &str) -> usize {
+        let under = |p: &String| name == p || name.starts_with(&format!("{p}."));
+        if self.stem.iter().any(under) {
+            return 0;
+        }
+        match self.blocks.iter().position(|b| b.iter().any(under)) {
+            Some(i) => i + 1,
+            None => self.blocks.len() + 1,
+        }
+    }
+}
+
 pub struct Model {
     pub kind: ModelKind,
+    pub opts: ModelOptions,
     pub vs: nn::VarStore,
     net: nn::FuncT<'static>,
+    /// Where each parameter sits in the depth of the network (`--layer-decay`).
+    pub layers: LayerMap,
     /// Training forward passes so far: torchvision's BN `num_batches_tracked`, kept for interop.
     pub bn_batches: i64,
 }
 
 impl Model {
-    /// Builds `kind` for `num_classes` on `device`, initialised from tch's global RNG
-    /// (seed it with `tch::manual_seed` for reproducible weights).
+    /// Builds `kind` for `num_classes` on `device` with the architecture's own input size and
+    /// regularisation, initialised from tch's global RNG (seed it with `tch::manual_seed` for
+    /// reproducible weights).
     pub fn new(kind: ModelKind, num_classes: i64, device: Device) -> Self {
+        Self::build(kind, num_classes, device, ModelOptions::defaults(kind))
+    }
+
+    /// `new` with the input size and regularisation of `opts`.
+    pub fn build(kind: ModelKind, num_classes: i64, device: Device, opts: ModelOptions) -> Self {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
-        let net = match (kind, kind.resnet_spec()) {
-            (_, Some(s)) => resnet::resnet(&root, &s, num_classes),
-            (ModelKind::AlexNet, None) => alexnet::alexnet(&root, num_classes),
-            (ModelKind::LeNet5, None) => lenet::lenet5(&root, num_classes),
-            (kind, None) => unreachable!("{kind} is a ResNet without a ResNet spec"),
+        let drop_path = opts.drop_path.or(kind.default_drop_path()).unwrap_or(0.0);
+        let dropout = opts.dropout.or(kind.default_dropout()).unwrap_or(0.0);
+        let (net, layers) = match kind.arch() {
+            Arch::ResNet(s) => resnet::resnet(&root, &s, num_classes),
+            Arch::ConvNext(s) => convnext::convnext(&root, &s, num_classes, drop_path),
+            Arch::EfficientNet(s) => efficientnet::efficientnet(&root, &s, num_classes, drop_path, dropout),
+            Arch::MobileNetV3(s) => mobilenet::mobilenet_v3(&root, s, num_classes, dropout),
+            Arch::Vit(s) => vit::vit(&root, s, opts.img_size as i64, num_classes, dropout, drop_path),
+            Arch::RegNet(s) => regnet::regnet(&root, &s, num_classes),
+            Arch::AlexNet => alexnet::alexnet(&root, num_classes, dropout),
+            Arch::LeNet5 => lenet::lenet5(&root, num_classes),
         };
         Model {
             kind,
+            opts,
             vs,
             net,
+            layers,
             bn_batches: 0,
         }
     }
@@ -228,6 +245,19 @@ impl Model {
                 let Some(src) = file.get(name) else {
                     r.missing.push(name.clone());
                     continue;
+                };
+                let resized = match self.kind.patch_size() {
+                    Some(_) if name == "encoder.pos_embedding" && src.size() != var.size() => {
+                        vit::interpolate_pos_embedding(src, var.size()[1])
+                    }
+                    _ => None,
+                };
+                let src = match &resized {
+                    Some(t) => {
+                        r.interpolated.push(name.clone());
+                        t
+                    }
+                    None => src,
                 };
                 if src.size() != var.size() {
                     if name.starts_with(&head) {

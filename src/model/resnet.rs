@@ -1,10 +1,12 @@
 //! ResNet as torchvision defines it (v1.5: stride on the 3×3 conv of a bottleneck), with the same
 //! parameter names (`conv1.weight`, `layer1.0.bn1.running_mean`, `fc.bias`, ...) and the same
-//! initialisation (Kaiming normal, fan-out, for convs; BN weight 1, bias 0).
+//! initialisation (Kaiming normal, fan-out, for convs; BN weight 1, bias 0). ResNeXt and Wide
+//! ResNet are the same network with grouped or wider 3×3 convolutions in the bottleneck.
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
 use super::batchnorm::{batch_norm2d, BatchNorm2d};
+use super::LayerMap;
 
 #[derive(Debug, Clone, Copy)]
 pub enum Block {
@@ -19,6 +21,11 @@ pub struct ResNetSpec {
     pub widths: [i64; 4],
     /// 3×3 stride-1 stem without max-pool (for 32×32 inputs) instead of 7×7 stride 2 + max-pool.
     pub cifar_stem: bool,
+    /// torchvision's `groups` and `width_per_group`: a bottleneck's 3×3 convolution has
+    /// `planes · width_per_group / 64 · groups` channels in `groups` groups (1 and 64: ResNet;
+    /// 32 and 4: ResNeXt-50 32×4d; 1 and 128: Wide ResNet-50-2).
+    pub groups: i64,
+    pub width_per_group: i64,
 }
 
 impl Block {
@@ -31,9 +38,14 @@ impl Block {
 }
 
 fn conv(p: nn::Path, cin: i64, cout: i64, k: i64, stride: i64, padding: i64) -> nn::Conv2D {
+    grouped_conv(p, cin, cout, k, stride, padding, 1)
+}
+
+fn grouped_conv(p: nn::Path, cin: i64, cout: i64, k: i64, stride: i64, padding: i64, groups: i64) -> nn::Conv2D {
     let cfg = nn::ConvConfig {
         stride,
         padding,
+        groups,
         bias: false,
         ws_init: nn::Init::Kaiming {
             dist: nn::init::NormalOrUniform::Normal,
@@ -76,13 +88,14 @@ fn basic_block(p: nn::Path, cin: i64, planes: i64, stride: i64) -> impl ModuleT 
     })
 }
 
-fn bottleneck(p: nn::Path, cin: i64, planes: i64, stride: i64) -> impl ModuleT {
+fn bottleneck(p: nn::Path, cin: i64, planes: i64, stride: i64, spec: &ResNetSpec) -> impl ModuleT {
     let out = planes * 4;
-    let c1 = conv(&p / "conv1", cin, planes, 1, 1, 0);
-    let b1 = bn(&p / "bn1", planes);
-    let c2 = conv(&p / "conv2", planes, planes, 3, stride, 1);
-    let b2 = bn(&p / "bn2", planes);
-    let c3 = conv(&p / "conv3", planes, out, 1, 1, 0);
+    let width = planes * spec.width_per_group / 64 * spec.groups;
+    let c1 = conv(&p / "conv1", cin, width, 1, 1, 0);
+    let b1 = bn(&p / "bn1", width);
+    let c2 = grouped_conv(&p / "conv2", width, width, 3, stride, 1, spec.groups);
+    let b2 = bn(&p / "bn2", width);
+    let c3 = conv(&p / "conv3", width, out, 1, 1, 0);
     let b3 = bn(&p / "bn3", out);
     let ds = downsample(&p / "downsample", cin, out, stride);
     nn::func_t(move |x, train| {
@@ -99,7 +112,7 @@ fn bottleneck(p: nn::Path, cin: i64, planes: i64, stride: i64) -> impl ModuleT {
     })
 }
 
-pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> nn::FuncT<'static> {
+pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> (nn::FuncT<'static>, LayerMap) {
     let w = spec.widths;
     let (c1, mut layers_seq) = if spec.cifar_stem {
         (conv(p / "conv1", 3, w[0], 3, 1, 1), Vec::new())
@@ -108,15 +121,17 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> nn::FuncT<'s
     };
     let b1 = bn(p / "bn1", w[0]);
     let mut cin = w[0];
+    let mut map = LayerMap::new(&["conv1", "bn1"]);
     for (li, (&n, &planes)) in spec.layers.iter().zip(w.iter()).enumerate() {
         let lp = p / format!("layer{}", li + 1);
         let mut seq = nn::seq_t();
         for bi in 0..n {
             let stride = if bi == 0 && li > 0 { 2 } else { 1 };
             let bp = &lp / bi;
+            map.blocks.push(vec![format!("layer{}.{bi}", li + 1)]);
             seq = match spec.block {
                 Block::Basic => seq.add(basic_block(bp, cin, planes, stride)),
-                Block::Bottleneck => seq.add(bottleneck(bp, cin, planes, stride)),
+                Block::Bottleneck => seq.add(bottleneck(bp, cin, planes, stride, spec)),
             };
             cin = planes * spec.block.expansion();
         }
@@ -124,7 +139,7 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> nn::FuncT<'s
     }
     let fc = super::torch_linear(p / "fc", cin, num_classes);
     let cifar = spec.cifar_stem;
-    nn::func_t(move |x, train| {
+    let net = nn::func_t(move |x, train| {
         let mut y = x.apply(&c1).apply_t(&b1, train).relu();
         if !cifar {
             y = y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
@@ -133,5 +148,6 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> nn::FuncT<'s
             y = y.apply_t(l, train);
         }
         y.adaptive_avg_pool2d([1, 1]).flatten(1, -1).apply(&fc)
-    })
+    });
+    (net, map)
 }

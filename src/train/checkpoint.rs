@@ -14,7 +14,7 @@ use tch::Tensor;
 use crate::atomic;
 use crate::bail_user;
 use crate::config::TrainConfig;
-use crate::model::{Model, ModelKind};
+use crate::model::{Model, ModelKind, ModelOptions};
 use crate::report::metrics_csv::EpochRow;
 use crate::train::schedule::PlateauState;
 
@@ -189,7 +189,11 @@ pub fn read_tensors(path: &Path, flag: &str) -> Result<HashMap<String, Tensor>> 
 /// The model of a checkpoint directory, ready for inference, with its state.
 pub fn load(dir: &Path, device: tch::Device) -> Result<(Model, CheckpointState)> {
     let state = load_state(dir)?;
-    let mut model = Model::new(state.model, state.classes.len() as i64, device);
+    let opts = ModelOptions {
+        img_size: state.img_size,
+        ..ModelOptions::defaults(state.model)
+    };
+    let mut model = Model::build(state.model, state.classes.len() as i64, device, opts);
     model
         .load_safetensors(&dir.join(MODEL_FILE))
         .map_err(|e| crate::error::user_error(format!("--checkpoint {}: {e:#}", dir.display())))?;

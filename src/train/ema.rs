@@ -18,7 +18,7 @@ pub struct Ema {
 impl Ema {
     /// Starts the average at the model's current weights.
     pub fn new(model: &Model, num_classes: i64, decay: f64) -> Result<Self> {
-        let mut ema = Model::new(model.kind, num_classes, model.vs.device());
+        let mut ema = Model::build(model.kind, num_classes, model.vs.device(), model.opts);
         let (src, dst) = (model.vs.variables(), ema.vs.variables());
         let mut names: Vec<&String> = src.keys().collect();
         names.sort();

@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use tch::{Kind, Tensor};
 
 use crate::config::{OptimizerKind, TrainConfig};
+use crate::model::LayerMap;
 use crate::shim::{self, AdamParams, Lr, SgdParams};
 
 /// Parameters that share a learning-rate multiplier and a weight decay.
@@ -44,23 +45,37 @@ pub struct Optimizer {
 pub struct Placement<'a> {
     pub head_prefix: &'a str,
     pub head_lr_mult: f64,
-    /// Names that get no weight decay (BatchNorm weights and biases with `--no-bn-weight-decay`).
+    /// Names that get no weight decay (`--no-bn-weight-decay`, `--no-norm-bias-decay`).
     pub no_decay: &'a HashSet<String>,
+    /// `--layer-decay`: the decay and the model's layers.
+    pub layer_decay: Option<(f64, &'a LayerMap)>,
+}
+
+impl Placement<'_> {
+    /// A parameter's learning-rate multiplier: the head's, times decay^(L - 1 - layer).
+    pub fn lr_mult(&self, name: &str) -> f64 {
+        let head = match name.starts_with(&format!("{}.", self.head_prefix)) {
+            true => self.head_lr_mult,
+            false => 1.0,
+        };
+        match self.layer_decay {
+            Some((decay, layers)) => {
+                let below = layers.num_layers() - 1 - layers.layer_of(name);
+                head * decay.powi(below as i32)
+            }
+            None => head,
+        }
+    }
 }
 
 impl Optimizer {
     /// An optimizer over `params` (name, tensor), in name order, grouped by `placement`.
     pub fn new(cfg: &TrainConfig, params: &[(String, Tensor)], placement: &Placement) -> Self {
-        let head = format!("{}.", placement.head_prefix);
         let mut by_key: BTreeMap<(u64, u64), Vec<&(String, Tensor)>> = BTreeMap::new();
         let mut sorted: Vec<&(String, Tensor)> = params.iter().collect();
         sorted.sort_by(|a, b| a.0.cmp(&b.0));
         for p in sorted {
-            let mult = if p.0.starts_with(&head) {
-                placement.head_lr_mult
-            } else {
-                1.0
-            };
+            let mult = placement.lr_mult(&p.0);
             let wd = if placement.no_decay.contains(&p.0) {
                 0.0
             } else {
@@ -277,6 +292,19 @@ pub fn batch_norm_params(names: &[String]) -> HashSet<String> {
         .collect()
 }
 
+/// timm's parameters without weight decay: every tensor of at most one dimension (norm weights,
+/// biases), and the per-channel scales and token embeddings timm lists in `no_weight_decay`
+/// (ConvNeXt's `layer_scale`, ViT's `class_token` and `pos_embedding`).
+pub fn norm_and_bias_params(params: &[(String, Tensor)]) -> HashSet<String> {
+    params
+        .iter()
+        .filter(|(n, t)| {
+            t.dim() <= 1 || ["layer_scale", "class_token", "pos_embedding"].iter().any(|s| n.ends_with(s))
+        })
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
 /// `torch.nn.utils.clip_grad_norm_`: scales all gradients by min(1, max_norm / (norm + 1e-6))
 /// without reading the norm back to the host. Returns the total norm (a 0-d device tensor).
 pub fn clip_grad_norm<'a>(params: impl IntoIterator<Item = &'a Tensor>, max_norm: f64) -> Tensor {
@@ -334,5 +362,70 @@ mod tests {
         let mut got: Vec<String> = batch_norm_params(&names).into_iter().collect();
         got.sort();
         assert_eq!(got, ["bn1.bias", "bn1.weight", "layer1.0.downsample.1.weight"]);
+    }
+
+    /// BEiT's and timm's layer-wise rates for ViT-B/16 (`param_groups_lrd`): patch embedding,
+    /// class token and position embedding at decay^13, block i at decay^(12 - i), the final
+    /// norm and the head at the full rate (times --head-lr-mult); ConvNeXt's downsampling
+    /// learns with the block after it.
+    #[test]
+    fn layer_decay_gives_each_layer_its_rate() {
+        let vit = crate::model::Model::build(
+            crate::model::ModelKind::VitB16,
+            4,
+            tch::Device::Cpu,
+            crate::model::ModelOptions {
+                img_size: 32,
+                ..crate::model::ModelOptions::defaults(crate::model::ModelKind::VitB16)
+            },
+        );
+        let none = HashSet::new();
+        let placement = Placement {
+            head_prefix: "heads.head",
+            head_lr_mult: 10.0,
+            no_decay: &none,
+            layer_decay: Some((0.75, &vit.layers)),
+        };
+        for (name, want) in [
+            ("conv_proj.weight", 0.75f64.powi(13)),
+            ("class_token", 0.75f64.powi(13)),
+            ("encoder.pos_embedding", 0.75f64.powi(13)),
+            ("encoder.layers.encoder_layer_0.ln_1.weight", 0.75f64.powi(12)),
+            ("encoder.layers.encoder_layer_11.mlp.3.bias", 0.75),
+            ("encoder.ln.weight", 1.0),
+            ("heads.head.weight", 10.0),
+        ] {
+            let got = placement.lr_mult(name);
+            assert!((got - want).abs() <= 1e-12 * want, "{name}: {got}, want {want}");
+        }
+        // Every parameter has a layer, and each layer has parameters.
+        let mut per_layer = vec![0; vit.layers.num_layers()];
+        for (name, _) in vit.trainable() {
+            per_layer[vit.layers.layer_of(&name)] += 1;
+        }
+        assert_eq!(per_layer.len(), 14);
+        assert!(per_layer.iter().all(|&n| n > 0), "{per_layer:?}");
+
+        let cnx = crate::model::Model::new(crate::model::ModelKind::ConvNextTiny, 4, tch::Device::Cpu);
+        let l = &cnx.layers;
+        assert_eq!(l.num_layers(), 18 + 2);
+        assert_eq!(l.layer_of("features.0.0.weight"), 0);
+        assert_eq!(l.layer_of("features.1.0.block.0.weight"), 1);
+        assert_eq!(l.layer_of("features.2.1.weight"), l.layer_of("features.3.0.layer_scale"));
+        assert_eq!(l.layer_of("features.3.0.layer_scale"), 4);
+        assert_eq!(l.layer_of("classifier.2.weight"), 19);
+    }
+
+    /// timm's no-weight-decay set: norms, biases, layer scales, position embedding, class token.
+    #[test]
+    fn norm_and_bias_params_are_timms_no_decay_set() {
+        let cnx = crate::model::Model::new(crate::model::ModelKind::ConvNextTiny, 4, tch::Device::Cpu);
+        let set = norm_and_bias_params(&cnx.trainable());
+        for n in ["features.0.1.weight", "features.0.0.bias", "features.1.0.layer_scale", "features.1.0.block.2.bias", "classifier.0.weight", "classifier.2.bias"] {
+            assert!(set.contains(n), "{n}");
+        }
+        for n in ["features.0.0.weight", "features.1.0.block.3.weight", "classifier.2.weight"] {
+            assert!(!set.contains(n), "{n}");
+        }
     }
 }

@@ -115,7 +115,7 @@ impl Trainer {
     ) -> Result<Self> {
         let device = pg.device;
         tch::manual_seed(seeds::init(cfg.seed));
-        let mut model = Model::new(cfg.model, num_classes, device);
+        let mut model = Model::build(cfg.model, num_classes, device, cfg.model_options());
         if cfg.zero_init_residual {
             model.zero_init_residual();
         }
@@ -129,6 +129,9 @@ impl Trainer {
                 r.missing,
                 r.unexpected
             );
+            if !r.interpolated.is_empty() {
+                say!("pretrained: {:?} interpolated to the {} px input", r.interpolated, cfg.img_size);
+            }
         }
         if !cfg.freeze.is_empty() {
             let n = model.freeze(&cfg.freeze)?;
@@ -137,14 +140,18 @@ impl Trainer {
         if crate::device::channels_last(cfg.channels_last, device) {
             shim::var_store_to_channels_last(&model.vs)?;
         }
-        let no_decay = match cfg.no_bn_weight_decay {
+        let mut no_decay = match cfg.no_bn_weight_decay {
             true => optim::batch_norm_params(&model.vs.variables().into_keys().collect::<Vec<_>>()),
             false => Default::default(),
         };
+        if cfg.no_norm_bias_decay {
+            no_decay.extend(optim::norm_and_bias_params(&model.trainable()));
+        }
         let placement = Placement {
             head_prefix: model.head_prefix(),
             head_lr_mult: cfg.head_lr_mult,
             no_decay: &no_decay,
+            layer_decay: cfg.layer_decay.map(|d| (d, &model.layers)),
         };
         let opt = Optimizer::new(cfg, &model.trainable(), &placement);
         let params: Vec<Tensor> = opt.params().map(|p| p.shallow_clone()).collect(); // DDP's bucket order

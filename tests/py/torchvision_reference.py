@@ -2,7 +2,15 @@
 
   torchvision_reference.py models OUTDIR NAME...   random-initialised torchvision models:
       OUTDIR/NAME.safetensors (state_dict) and OUTDIR/NAME.io.safetensors (input, eval and
-      train-mode logits)
+      train-mode logits, stochastic depth and dropout off); OUTDIR/NAME.json: its size and
+      parameter count
+  torchvision_reference.py load_strict DIR NAME...   OUTDIR/NAME.ours.safetensors (a ringtrain
+      state_dict) loaded strictly into torchvision's NAME; its eval logits on the input of
+      DIR/NAME.ours_io.safetensors against the "logits" saved there, as JSON per name
+  torchvision_reference.py param_counts NAME...   JSON: parameters of torchvision's NAME at 1000
+      classes
+  torchvision_reference.py interpolate_pos SRC SIZE OUT   torchvision's interpolate_embeddings of
+      the ViT-B/16 state_dict SRC for SIZE px, saved to OUT
   torchvision_reference.py evaluate MODEL NUM_CLASSES CKPT ROOT SIZE RESIZE   top-1 in PyTorch
   torchvision_reference.py predict_logits CKPT_DIR CSV   max |logit diff| between `ringtrain predict
       --logits` and torchvision's model with the checkpoint loaded, on the CSV's images
@@ -43,27 +51,49 @@ from safetensors.torch import save_file
 NUM_CLASSES = 7
 
 
-def build(name):
+# Stochastic depth and dropout off, so train-mode logits are deterministic.
+NO_DROP = {"convnext": dict(stochastic_depth_prob=0.0),
+           "efficientnet": dict(stochastic_depth_prob=0.0, dropout=0.0),
+           "mobilenet": dict(dropout=0.0)}
+
+
+def build(name, deterministic=False, num_classes=NUM_CLASSES):
     if name == "resnet18-cifar":
-        m = torchvision.models.resnet18(num_classes=NUM_CLASSES)
+        m = torchvision.models.resnet18(num_classes=num_classes)
         m.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
         m.maxpool = torch.nn.Identity()
         return m, 32
+    kw = next((v for k, v in NO_DROP.items() if name.startswith(k)), {}) if deterministic else {}
+    if name.startswith("vit"):
+        return getattr(torchvision.models, name)(num_classes=num_classes, image_size=32, **kw), 32
     size = 96 if name == "alexnet" else 64
-    return getattr(torchvision.models, name)(num_classes=NUM_CLASSES), size
+    return getattr(torchvision.models, name)(num_classes=num_classes, **kw), size
+
+
+def randomise(m):
+    """Random norm statistics and affine parameters, so eval-mode BatchNorm is not an identity;
+    random values where torchvision starts at a constant that hides a path (ConvNeXt's 1e-6 layer
+    scales, ViT's zero head and class token)."""
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 2.0)
+        if isinstance(mod, (torch.nn.BatchNorm2d, torch.nn.LayerNorm)):
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.2, 0.2)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("layer_scale"):
+                p.uniform_(0.1, 0.5)
+            elif name == "class_token" or name.startswith("heads.head"):
+                p.normal_(0, 0.5)
 
 
 def models(out, *names):
     for name in names:
         torch.manual_seed(0)
-        m, size = build(name)
-        # Random BN statistics and affine parameters, so eval-mode BN is not an identity.
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.running_mean.uniform_(-0.5, 0.5)
-                mod.running_var.uniform_(0.5, 2.0)
-                mod.weight.data.uniform_(0.5, 1.5)
-                mod.bias.data.uniform_(-0.2, 0.2)
+        m, size = build(name, deterministic=True)
+        randomise(m)
         x = torch.randn(3, 3, size, size)
         m.eval()
         with torch.no_grad():
@@ -78,6 +108,41 @@ def models(out, *names):
             m.eval()
         save_file(state, f"{out}/{name}.safetensors")
         save_file(tensors, f"{out}/{name}.io.safetensors")
+        json.dump({"size": size, "parameters": sum(p.numel() for p in m.parameters())},
+                  open(f"{out}/{name}.json", "w"))
+
+
+def load_strict(d, *names):
+    from safetensors.torch import load_file
+
+    result = {}
+    for name in names:
+        m, _ = build(name)
+        m.load_state_dict(load_file(f"{d}/{name}.ours.safetensors"), strict=True)
+        m.eval()
+        io = load_file(f"{d}/{name}.ours_io.safetensors")
+        with torch.no_grad():
+            theirs = m(io["x"])
+        result[name] = {"max_abs_diff": (theirs - io["logits"]).abs().max().item(),
+                        "logit_scale": theirs.abs().max().item()}
+    print(json.dumps(result))
+
+
+def param_counts(*names):
+    counts = {}
+    for name in names:
+        m = build(name, num_classes=1000)[0] if name == "resnet18-cifar" else \
+            getattr(torchvision.models, name)(num_classes=1000)
+        counts[name] = sum(p.numel() for p in m.parameters())
+    print(json.dumps(counts))
+
+
+def interpolate_pos(src, size, out):
+    from safetensors.torch import load_file
+    from torchvision.models.vision_transformer import interpolate_embeddings
+
+    state = interpolate_embeddings(int(size), 16, load_file(src))
+    save_file({"encoder.pos_embedding": state["encoder.pos_embedding"].contiguous()}, out)
 
 
 def evaluate(name, num_classes, ckpt, root, size, resize):
@@ -375,7 +440,7 @@ def sgd_step(root, size, weights, optim, out, wd="5e-4"):
 
 COMMANDS = [models, evaluate, predict_logits, pil_pixels, init_state, crop_boxes, transforms, jpeg_variants,
             sklearn_report, tensorboard_scalars, grad_scaler, pixel_stats, optimizer, ema, plateau, sgd_step,
-            imagefolder]
+            imagefolder, load_strict, param_counts, interpolate_pos]
 
 if __name__ == "__main__":
     commands = {f.__name__: f for f in COMMANDS}

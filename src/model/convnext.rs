@@ -1,0 +1,107 @@
+//! ConvNeXt as torchvision defines it: a 4×4 patchify stem (`features.0`), four stages of
+//! CNBlocks (`features.1, 3, 5, 7`) with LayerNorm2d + 2×2 convolutions between them
+//! (`features.2, 4, 6`), then LayerNorm2d, flatten, Linear (`classifier.0`, `classifier.2`).
+//! Every convolution and linear layer starts from trunc_normal(std 0.02) with zero biases, the
+//! layer scales at 1e-6.
+use tch::nn::{self, ModuleT};
+use tch::Tensor;
+
+use super::layers::{self, conv2d, conv_norm_act, linear, norm2d, stochastic_depth, ConvShape, NormKind, ZERO};
+use super::LayerMap;
+
+pub struct ConvNextSpec {
+    pub depths: [usize; 4],
+    pub dims: [i64; 4],
+}
+
+const LN: NormKind = NormKind::Layer2d { eps: 1e-6 };
+const LAYER_SCALE: f64 = 1e-6;
+
+fn init() -> nn::Init {
+    layers::trunc_normal(0.02)
+}
+
+/// CNBlock: depthwise 7×7, LayerNorm (NHWC), Linear 4×, GELU, Linear, layer scale, stochastic
+/// depth, residual.
+fn block(p: nn::Path, dim: i64, drop: f64) -> impl ModuleT {
+    let b = &p / "block";
+    let dw = conv2d(&b / 0, dim, dim, ConvShape::new(7, 1).groups(dim), init(), Some(ZERO));
+    let ln = layers::layer_norm(&b / 2, dim, 1e-6);
+    let fc1 = linear(&b / 3, dim, 4 * dim, init(), ZERO);
+    let fc2 = linear(&b / 5, 4 * dim, dim, init(), ZERO);
+    let scale = p.var("layer_scale", &[dim, 1, 1], nn::Init::Const(LAYER_SCALE));
+    nn::func_t(move |x, train| {
+        let y = x
+            .apply(&dw)
+            .permute([0, 2, 3, 1])
+            .apply(&ln)
+            .apply(&fc1)
+            .gelu("none")
+            .apply(&fc2)
+            .permute([0, 3, 1, 2]);
+        stochastic_depth(&(&scale * y), drop, train) + x
+    })
+}
+
+/// `drop_path`: torchvision's `stochastic_depth_prob`, rising linearly from 0 at the first
+/// block to this at the last.
+pub fn convnext(p: &nn::Path, spec: &ConvNextSpec, num_classes: i64, drop_path: f64) -> (nn::FuncT<'static>, LayerMap) {
+    let f = p / "features";
+    let d = spec.dims;
+    let stem = conv_norm_act(
+        &f / 0,
+        3,
+        d[0],
+        ConvShape::new(4, 4).padding(0),
+        LN,
+        None,
+        init(),
+        Some(ZERO),
+    );
+    let total: usize = spec.depths.iter().sum();
+    let mut map = LayerMap::new(&["features.0"]);
+    let mut stages: Vec<(nn::SequentialT, Option<nn::SequentialT>)> = Vec::new();
+    let mut block_id = 0;
+    for (s, &n) in spec.depths.iter().enumerate() {
+        let idx = 1 + 2 * s;
+        let mut seq = nn::seq_t();
+        for j in 0..n {
+            let prob = drop_path * block_id as f64 / (total as f64 - 1.0);
+            seq = seq.add(block(&f / idx / j, d[s], prob));
+            // The downsampling before a stage learns at its first block's rate.
+            let mut group = vec![format!("features.{idx}.{j}")];
+            if s > 0 && j == 0 {
+                group.push(format!("features.{}", idx - 1));
+            }
+            map.blocks.push(group);
+            block_id += 1;
+        }
+        let down = (s < 3).then(|| {
+            let dp = &f / (idx + 1);
+            nn::seq_t().add(norm2d(&dp / 0, d[s], LN)).add(conv2d(
+                &dp / 1,
+                d[s],
+                d[s + 1],
+                ConvShape::new(2, 2).padding(0),
+                init(),
+                Some(ZERO),
+            ))
+        });
+        stages.push((seq, down));
+    }
+    let c = p / "classifier";
+    let head_norm = norm2d(&c / 0, d[3], LN);
+    let fc = linear(&c / 2, d[3], num_classes, init(), ZERO);
+    let net = nn::func_t(move |x, train| {
+        let mut y = x.apply_t(&stem, train);
+        for (seq, down) in &stages {
+            y = y.apply_t(seq, train);
+            if let Some(down) = down {
+                y = y.apply_t(down, train);
+            }
+        }
+        let y: Tensor = y.adaptive_avg_pool2d([1, 1]).apply_t(&head_norm, train);
+        y.flatten(1, -1).apply(&fc)
+    });
+    (net, map)
+}

@@ -1,0 +1,240 @@
+//! EfficientNet B0–B3 and V2-S as torchvision defines them: a 3×3 stride-2 stem
+//! (`features.0`), stages of MBConv (expand 1×1, depthwise, squeeze-excitation, project 1×1) or
+//! FusedMBConv (one 3×3 expanding convolution, project 1×1) blocks (`features.1…`), a 1×1 head
+//! convolution, then dropout and Linear (`classifier.1`). SiLU throughout; convolutions from
+//! Kaiming normal (fan-out) with zero biases, the Linear from U(±1/√out) with a zero bias.
+use tch::nn::{self, ModuleT};
+
+use super::layers::{conv_norm_act, linear, make_divisible, squeeze_excitation, stochastic_depth, Act, ConvShape};
+use super::layers::{ConvNormAct, NormKind, SqueezeExcitation, KAIMING_FAN_OUT, ZERO};
+use super::LayerMap;
+
+#[derive(Debug, Clone, Copy)]
+pub enum BlockKind {
+    MbConv,
+    Fused,
+}
+
+/// One stage of torchvision's `inverted_residual_setting`, before width and depth scaling.
+#[derive(Debug, Clone, Copy)]
+pub struct Stage {
+    pub block: BlockKind,
+    pub expand: f64,
+    pub kernel: i64,
+    pub stride: i64,
+    pub cin: i64,
+    pub cout: i64,
+    pub layers: usize,
+}
+
+pub struct EfficientNetSpec {
+    pub stages: Vec<Stage>,
+    pub width_mult: f64,
+    pub depth_mult: f64,
+    /// The head convolution's channels (None: 4× the last stage's).
+    pub last_channel: Option<i64>,
+    pub bn_eps: f64,
+}
+
+const fn mb(expand: f64, kernel: i64, stride: i64, cin: i64, cout: i64, layers: usize) -> Stage {
+    Stage {
+        block: BlockKind::MbConv,
+        expand,
+        kernel,
+        stride,
+        cin,
+        cout,
+        layers,
+    }
+}
+
+const fn fused(expand: f64, kernel: i64, stride: i64, cin: i64, cout: i64, layers: usize) -> Stage {
+    Stage {
+        block: BlockKind::Fused,
+        ..mb(expand, kernel, stride, cin, cout, layers)
+    }
+}
+
+/// EfficientNet-B*: B0's stages scaled by `width_mult` (channels) and `depth_mult` (blocks).
+pub fn b(width_mult: f64, depth_mult: f64) -> EfficientNetSpec {
+    EfficientNetSpec {
+        stages: vec![
+            mb(1.0, 3, 1, 32, 16, 1),
+            mb(6.0, 3, 2, 16, 24, 2),
+            mb(6.0, 5, 2, 24, 40, 2),
+            mb(6.0, 3, 2, 40, 80, 3),
+            mb(6.0, 5, 1, 80, 112, 3),
+            mb(6.0, 5, 2, 112, 192, 4),
+            mb(6.0, 3, 1, 192, 320, 1),
+        ],
+        width_mult,
+        depth_mult,
+        last_channel: None,
+        bn_eps: 1e-5,
+    }
+}
+
+pub fn v2_s() -> EfficientNetSpec {
+    EfficientNetSpec {
+        stages: vec![
+            fused(1.0, 3, 1, 24, 24, 2),
+            fused(4.0, 3, 2, 24, 48, 4),
+            fused(4.0, 3, 2, 48, 64, 4),
+            mb(4.0, 3, 2, 64, 128, 6),
+            mb(6.0, 3, 1, 128, 160, 9),
+            mb(6.0, 3, 2, 160, 256, 15),
+        ],
+        width_mult: 1.0,
+        depth_mult: 1.0,
+        last_channel: Some(1280),
+        bn_eps: 1e-3,
+    }
+}
+
+enum Layer {
+    Conv(ConvNormAct),
+    Se(SqueezeExcitation),
+}
+
+/// MBConv or FusedMBConv (`p.block.N`), with stochastic depth on the residual branch.
+fn block(p: nn::Path, s: &Stage, cin: i64, stride: i64, drop: f64, norm: NormKind) -> impl ModuleT {
+    let b = &p / "block";
+    let expanded = make_divisible(cin as f64 * s.expand, 8);
+    let cna =
+        |i: usize, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, norm, act, KAIMING_FAN_OUT, None);
+    let silu = Some(Act::Silu);
+    let mut layers = Vec::new();
+    match s.block {
+        BlockKind::MbConv => {
+            if expanded != cin {
+                layers.push(Layer::Conv(cna(
+                    layers.len(),
+                    cin,
+                    expanded,
+                    ConvShape::new(1, 1),
+                    silu,
+                )));
+            }
+            let dw = ConvShape::new(s.kernel, stride).groups(expanded);
+            layers.push(Layer::Conv(cna(layers.len(), expanded, expanded, dw, silu)));
+            let squeeze = (cin / 4).max(1);
+            let se = squeeze_excitation(&b / layers.len(), expanded, squeeze, Act::Silu, Act::Sigmoid, |_| ZERO);
+            layers.push(Layer::Se(se));
+            layers.push(Layer::Conv(cna(
+                layers.len(),
+                expanded,
+                s.cout,
+                ConvShape::new(1, 1),
+                None,
+            )));
+        }
+        BlockKind::Fused if expanded != cin => {
+            layers.push(Layer::Conv(cna(
+                0,
+                cin,
+                expanded,
+                ConvShape::new(s.kernel, stride),
+                silu,
+            )));
+            layers.push(Layer::Conv(cna(1, expanded, s.cout, ConvShape::new(1, 1), None)));
+        }
+        BlockKind::Fused => layers.push(Layer::Conv(cna(0, cin, s.cout, ConvShape::new(s.kernel, stride), silu))),
+    }
+    let residual = stride == 1 && cin == s.cout;
+    nn::func_t(move |x, train| {
+        let mut y = x.shallow_clone();
+        for l in &layers {
+            y = match l {
+                Layer::Conv(c) => y.apply_t(c, train),
+                Layer::Se(se) => y.apply(se),
+            };
+        }
+        match residual {
+            true => stochastic_depth(&y, drop, train) + x,
+            false => y,
+        }
+    })
+}
+
+/// `drop_path`: torchvision's `stochastic_depth_prob` (rising linearly over the blocks);
+/// `dropout`: before the classifier.
+pub fn efficientnet(
+    p: &nn::Path,
+    spec: &EfficientNetSpec,
+    num_classes: i64,
+    drop_path: f64,
+    dropout: f64,
+) -> (nn::FuncT<'static>, LayerMap) {
+    let f = p / "features";
+    let norm = NormKind::Batch {
+        eps: spec.bn_eps,
+        momentum: 0.1,
+    };
+    let width = |c: i64| make_divisible(c as f64 * spec.width_mult, 8);
+    let depth = |n: usize| (n as f64 * spec.depth_mult).ceil() as usize;
+    let first = width(spec.stages[0].cin);
+    let silu = Some(Act::Silu);
+    let stem = conv_norm_act(
+        &f / 0,
+        3,
+        first,
+        ConvShape::new(3, 2),
+        norm,
+        silu,
+        KAIMING_FAN_OUT,
+        None,
+    );
+    let total: usize = spec.stages.iter().map(|s| depth(s.layers)).sum();
+    let mut map = LayerMap::new(&["features.0"]);
+    let mut stages = Vec::new();
+    let mut block_id = 0;
+    let mut cin = first;
+    for (i, s) in spec.stages.iter().enumerate() {
+        let s = Stage {
+            cout: width(s.cout),
+            ..*s
+        };
+        let mut seq = nn::seq_t();
+        for j in 0..depth(s.layers) {
+            let prob = drop_path * block_id as f64 / total as f64;
+            let stride = if j == 0 { s.stride } else { 1 };
+            seq = seq.add(block(&f / (i + 1) / j, &s, cin, stride, prob, norm));
+            map.blocks.push(vec![format!("features.{}.{j}", i + 1)]);
+            cin = s.cout;
+            block_id += 1;
+        }
+        stages.push(seq);
+    }
+    let last = spec.last_channel.unwrap_or(4 * cin);
+    let last_idx = spec.stages.len() + 1;
+    let head_conv = conv_norm_act(
+        &f / last_idx,
+        cin,
+        last,
+        ConvShape::new(1, 1),
+        norm,
+        silu,
+        KAIMING_FAN_OUT,
+        None,
+    );
+    let r = 1.0 / (num_classes as f64).sqrt();
+    let fc = linear(
+        p / "classifier" / 1,
+        last,
+        num_classes,
+        nn::Init::Uniform { lo: -r, up: r },
+        ZERO,
+    );
+    let net = nn::func_t(move |x, train| {
+        let mut y = x.apply_t(&stem, train);
+        for s in &stages {
+            y = y.apply_t(s, train);
+        }
+        y.apply_t(&head_conv, train)
+            .adaptive_avg_pool2d([1, 1])
+            .flatten(1, -1)
+            .dropout(dropout, train)
+            .apply(&fc)
+    });
+    (net, map)
+}

@@ -1,0 +1,192 @@
+//! Vision Transformer as torchvision defines it: a patch convolution (`conv_proj`), a class token,
+//! learned position embeddings (`encoder.pos_embedding`), pre-norm encoder blocks
+//! (`encoder.layers.encoder_layer_N`: `ln_1`, `self_attention` as `nn.MultiheadAttention` names
+//! it, `ln_2`, `mlp.0`, `mlp.3`), a final LayerNorm (`encoder.ln`) and a Linear head on the
+//! class token (`heads.head`). The sequence length follows the image size (any multiple of the
+//! patch); weights made for another size get their position embeddings interpolated as
+//! torchvision's `interpolate_embeddings` does.
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+use super::layers::{self, conv2d, linear, stochastic_depth, ConvShape, ZERO};
+use super::LayerMap;
+
+pub struct VitSpec {
+    pub patch: i64,
+    pub layers: usize,
+    pub heads: i64,
+    pub hidden: i64,
+    pub mlp: i64,
+}
+
+pub const B_16: VitSpec = VitSpec {
+    patch: 16,
+    layers: 12,
+    heads: 12,
+    hidden: 768,
+    mlp: 3072,
+};
+
+/// `nn.MultiheadAttention(hidden, heads, batch_first=True)` under its names: `in_proj_weight`,
+/// `in_proj_bias`, `out_proj.weight`, `out_proj.bias`.
+#[derive(Debug)]
+struct Attention {
+    in_w: Tensor,
+    in_b: Tensor,
+    out: nn::Linear,
+    heads: i64,
+}
+
+impl Attention {
+    fn new(p: nn::Path, e: i64, heads: i64) -> Self {
+        // MultiheadAttention._reset_parameters: in_proj xavier_uniform, biases 0; out_proj keeps
+        // nn.Linear's weight initialisation.
+        let out = nn::linear(
+            &p / "out_proj",
+            e,
+            e,
+            nn::LinearConfig {
+                ws_init: super::TORCH_WEIGHT_INIT,
+                bs_init: Some(ZERO),
+                bias: true,
+            },
+        );
+        Attention {
+            in_w: p.var("in_proj_weight", &[3 * e, e], layers::xavier_uniform(e, 3 * e)),
+            in_b: p.var("in_proj_bias", &[3 * e], ZERO),
+            out,
+            heads,
+        }
+    }
+}
+
+impl Module for Attention {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let (n, l, e) = x.size3().unwrap();
+        let hd = e / self.heads;
+        // [N, L, 3E] → 3 × [N, heads, L, head_dim], then softmax(qkᵀ/√d)v in one kernel.
+        let qkv = x
+            .linear(&self.in_w, Some(&self.in_b))
+            .view([n, l, 3, self.heads, hd])
+            .permute([2, 0, 3, 1, 4]);
+        let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
+        let a = Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, false, None, false);
+        a.transpose(1, 2).reshape([n, l, e]).apply(&self.out)
+    }
+}
+
+/// `drop`: stochastic depth on both residual branches (timm's `drop_path`; torchvision's ViT has
+/// none, so it is 0 unless `--drop-path` asks).
+fn encoder_block(p: nn::Path, s: &VitSpec, dropout: f64, drop: f64) -> nn::FuncT<'static> {
+    let ln_1 = layers::layer_norm(&p / "ln_1", s.hidden, 1e-6);
+    let attn = Attention::new(&p / "self_attention", s.hidden, s.heads);
+    let ln_2 = layers::layer_norm(&p / "ln_2", s.hidden, 1e-6);
+    // MLPBlock: xavier_uniform weights, N(0, 1e-6) biases.
+    let bias = nn::Init::Randn { mean: 0.0, stdev: 1e-6 };
+    let fc1 = linear(
+        &p / "mlp" / 0,
+        s.hidden,
+        s.mlp,
+        layers::xavier_uniform(s.hidden, s.mlp),
+        bias,
+    );
+    let fc2 = linear(
+        &p / "mlp" / 3,
+        s.mlp,
+        s.hidden,
+        layers::xavier_uniform(s.mlp, s.hidden),
+        bias,
+    );
+    nn::func_t(move |input, train| {
+        let a = input.apply(&ln_1).apply(&attn).dropout(dropout, train);
+        let x = stochastic_depth(&a, drop, train) + input;
+        let y = x
+            .apply(&ln_2)
+            .apply(&fc1)
+            .gelu("none")
+            .dropout(dropout, train)
+            .apply(&fc2)
+            .dropout(dropout, train);
+        stochastic_depth(&y, drop, train) + x
+    })
+}
+
+/// The sequence length for `img_size`: one token per patch and the class token.
+pub fn seq_len(s: &VitSpec, img_size: i64) -> i64 {
+    (img_size / s.patch).pow(2) + 1
+}
+
+/// `dropout`: torchvision's `dropout` (after the position embeddings, attention and in the MLP);
+/// `drop_path`: stochastic depth rising linearly over the blocks from 0 to this, as timm's.
+pub fn vit(
+    p: &nn::Path,
+    s: &VitSpec,
+    img_size: i64,
+    num_classes: i64,
+    dropout: f64,
+    drop_path: f64,
+) -> (nn::FuncT<'static>, LayerMap) {
+    let fan_in = 3 * s.patch * s.patch;
+    let patch = ConvShape::new(s.patch, s.patch).padding(0);
+    let conv_proj = conv2d(
+        p / "conv_proj",
+        3,
+        s.hidden,
+        patch,
+        layers::trunc_normal((1.0 / fan_in as f64).sqrt()),
+        Some(ZERO),
+    );
+    let class_token = p.var("class_token", &[1, 1, s.hidden], ZERO);
+    let e = p / "encoder";
+    let pos = e.var(
+        "pos_embedding",
+        &[1, seq_len(s, img_size), s.hidden],
+        nn::Init::Randn { mean: 0.0, stdev: 0.02 },
+    );
+    let mut map = LayerMap::new(&["conv_proj", "class_token", "encoder.pos_embedding"]);
+    let mut blocks = Vec::new();
+    for i in 0..s.layers {
+        let drop = drop_path * i as f64 / (s.layers as f64 - 1.0).max(1.0);
+        blocks.push(encoder_block(
+            &e / "layers" / format!("encoder_layer_{i}"),
+            s,
+            dropout,
+            drop,
+        ));
+        map.blocks.push(vec![format!("encoder.layers.encoder_layer_{i}")]);
+    }
+    let ln = layers::layer_norm(&e / "ln", s.hidden, 1e-6);
+    let head = linear(p / "heads" / "head", s.hidden, num_classes, ZERO, ZERO);
+    let hidden = s.hidden;
+    let net = nn::func_t(move |x, train| {
+        let n = x.size()[0];
+        let tokens = x.apply(&conv_proj).reshape([n, hidden, -1]).permute([0, 2, 1]);
+        let mut y = Tensor::cat(&[class_token.expand([n, -1, -1], false), tokens], 1);
+        y = (y + &pos).dropout(dropout, train);
+        for b in &blocks {
+            y = y.apply_t(b, train);
+        }
+        y.apply(&ln).select(1, 0).apply(&head)
+    });
+    (net, map)
+}
+
+/// torchvision's `interpolate_embeddings`: the patch positions of `pos` ([1, 1 + g², E]) resized
+/// bicubically (align_corners) to the grid of `seq` tokens, the class token's kept. None when
+/// either is not a square grid.
+pub fn interpolate_pos_embedding(pos: &Tensor, seq: i64) -> Option<Tensor> {
+    let (_, old, e) = pos.size3().ok()?;
+    let side = |n: i64| Some(((n - 1) as f64).sqrt().round() as i64).filter(|g| *g > 0 && g * g == n - 1);
+    let (g_old, g_new) = (side(old)?, side(seq)?);
+    let token = pos.narrow(1, 0, 1);
+    let grid = pos
+        .narrow(1, 1, old - 1)
+        .permute([0, 2, 1])
+        .reshape([1, e, g_old, g_old]);
+    let grid = grid
+        .to_kind(Kind::Float)
+        .upsample_bicubic2d([g_new, g_new], true, None, None)
+        .reshape([1, e, g_new * g_new])
+        .permute([0, 2, 1]);
+    Some(Tensor::cat(&[token.to_kind(Kind::Float), grid], 1).to_kind(pos.kind()))
+}
