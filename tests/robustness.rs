@@ -322,7 +322,7 @@ fn hostile_inputs_and_faults_end_cleanly() {
     s.case("class and file names that look like options", &tiny(&d, &v2, &out, &["--epochs", "1"]), Warns(&[]), None);
 
     // ---- flags
-    let flag_cases: [(&str, &[&str], &[&str]); 22] = [
+    let flag_cases: [(&str, &[&str], &[&str]); 26] = [
         ("unknown model", &["--model", "resnet9000"], &["unknown --model 'resnet9000'"]),
         ("negative learning rate", &["--lr", "-0.1"], &["--lr must be a positive number"]),
         ("NaN learning rate", &["--lr", "NaN"], &["--lr must be a positive number"]),
@@ -343,6 +343,10 @@ fn hostile_inputs_and_faults_end_cleanly() {
         ("NCCL on the CPU", &["--dist-backend", "nccl", "--nproc-per-node", "2"], &["--dist-backend nccl needs a CUDA device"]),
         ("initial fp16 loss scale of 0", &["--init-loss-scale", "0"], &["--init-loss-scale must be positive"]),
         ("zero-initialised residuals without residual blocks", &["--zero-init-residual", "--model", "lenet5"], &["--zero-init-residual needs a ResNet"]),
+        ("ViT image size not a multiple of its patch", &["--model", "vit_b_16", "--img-size", "40"], &["--img-size 40 must be a multiple of vit_b_16's patch size 16"]),
+        ("stochastic depth for a model without it", &["--drop-path", "0.1"], &["--drop-path: --model resnet10-tiny has no stochastic depth"]),
+        ("dropout of 1.5", &["--model", "efficientnet_b0", "--dropout", "1.5"], &["--dropout must be in [0, 1), got 1.5"]),
+        ("layer decay of 0", &["--layer-decay", "0"], &["--layer-decay must be in (0, 1], got 0"]),
         ("CUDA graphs on the CPU", &["--cuda-graphs"], &["--cuda-graphs needs a CUDA device"]),
         ("CUDA graphs with Mixup", &["--cuda-graphs", "--mixup-alpha", "0.2"], &["--cuda-graphs cannot capture --mixup-alpha"]),
         ("CUDA graphs with gradient accumulation", &["--cuda-graphs", "--accum-steps", "2"], &["--cuda-graphs", "--accum-steps 2"]),

@@ -6,7 +6,7 @@
 use tch::nn::{self, ModuleT};
 
 use super::layers::{conv_norm_act, linear, make_divisible, squeeze_excitation, stochastic_depth, Act, ConvShape};
-use super::layers::{ConvNormAct, NormKind, SqueezeExcitation, KAIMING_FAN_OUT, ZERO};
+use super::layers::{NormKind, KAIMING_FAN_OUT, ZERO};
 use super::LayerMap;
 
 #[derive(Debug, Clone, Copy)]
@@ -91,64 +91,45 @@ pub fn v2_s() -> EfficientNetSpec {
     }
 }
 
-enum Layer {
-    Conv(ConvNormAct),
-    Se(SqueezeExcitation),
-}
-
-/// MBConv or FusedMBConv (`p.block.N`), with stochastic depth on the residual branch.
+/// MBConv or FusedMBConv (`p.block.N`, numbered as torchvision's Sequential numbers them), with
+/// stochastic depth on the residual branch.
 fn block(p: nn::Path, s: &Stage, cin: i64, stride: i64, drop: f64, norm: NormKind) -> impl ModuleT {
     let b = &p / "block";
     let expanded = make_divisible(cin as f64 * s.expand, 8);
-    let cna =
-        |i: usize, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, norm, act, KAIMING_FAN_OUT, None);
-    let silu = Some(Act::Silu);
-    let mut layers = Vec::new();
+    let cna = |i: i64, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, norm, act, KAIMING_FAN_OUT, None);
+    let (silu, one) = (Some(Act::Silu), ConvShape::new(1, 1));
+    let mut seq = nn::seq_t();
     match s.block {
         BlockKind::MbConv => {
             if expanded != cin {
-                layers.push(Layer::Conv(cna(
-                    layers.len(),
-                    cin,
-                    expanded,
-                    ConvShape::new(1, 1),
-                    silu,
-                )));
+                let n = seq.len();
+                seq = seq.add(cna(n, cin, expanded, one, silu));
             }
             let dw = ConvShape::new(s.kernel, stride).groups(expanded);
-            layers.push(Layer::Conv(cna(layers.len(), expanded, expanded, dw, silu)));
+            let n = seq.len();
+            seq = seq.add(cna(n, expanded, expanded, dw, silu));
             let squeeze = (cin / 4).max(1);
-            let se = squeeze_excitation(&b / layers.len(), expanded, squeeze, Act::Silu, Act::Sigmoid, |_| ZERO);
-            layers.push(Layer::Se(se));
-            layers.push(Layer::Conv(cna(
-                layers.len(),
+            let n = seq.len();
+            seq = seq.add(squeeze_excitation(
+                &b / n,
                 expanded,
-                s.cout,
-                ConvShape::new(1, 1),
-                None,
-            )));
+                squeeze,
+                Act::Silu,
+                Act::Sigmoid,
+                |_| ZERO,
+            ));
+            let n = seq.len();
+            seq = seq.add(cna(n, expanded, s.cout, one, None));
         }
         BlockKind::Fused if expanded != cin => {
-            layers.push(Layer::Conv(cna(
-                0,
-                cin,
-                expanded,
-                ConvShape::new(s.kernel, stride),
-                silu,
-            )));
-            layers.push(Layer::Conv(cna(1, expanded, s.cout, ConvShape::new(1, 1), None)));
+            seq = seq.add(cna(0, cin, expanded, ConvShape::new(s.kernel, stride), silu));
+            seq = seq.add(cna(1, expanded, s.cout, one, None));
         }
-        BlockKind::Fused => layers.push(Layer::Conv(cna(0, cin, s.cout, ConvShape::new(s.kernel, stride), silu))),
+        BlockKind::Fused => seq = seq.add(cna(0, cin, s.cout, ConvShape::new(s.kernel, stride), silu)),
     }
     let residual = stride == 1 && cin == s.cout;
     nn::func_t(move |x, train| {
-        let mut y = x.shallow_clone();
-        for l in &layers {
-            y = match l {
-                Layer::Conv(c) => y.apply_t(c, train),
-                Layer::Se(se) => y.apply(se),
-            };
-        }
+        let y = x.apply_t(&seq, train);
         match residual {
             true => stochastic_depth(&y, drop, train) + x,
             false => y,

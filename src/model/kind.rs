@@ -53,15 +53,16 @@ pub enum Arch {
     LeNet5,
 }
 
-fn resnet(block: Block, layers: [usize; 4]) -> Arch {
-    Arch::ResNet(ResNetSpec {
+/// torchvision's ResNet of `block`s, `layers` deep per stage.
+fn resnet(block: Block, layers: [usize; 4]) -> ResNetSpec {
+    ResNetSpec {
         block,
         layers,
         widths: [64, 128, 256, 512],
         cifar_stem: false,
         groups: 1,
         width_per_group: 64,
-    })
+    }
 }
 
 fn regnet(depths: [usize; 4], widths: [i64; 4], group_width: i64) -> Arch {
@@ -82,32 +83,29 @@ impl ModelKind {
             })
         };
         match self {
-            ResNet18 => resnet(Block::Basic, [2, 2, 2, 2]),
-            ResNet34 => resnet(Block::Basic, [3, 4, 6, 3]),
-            ResNet50 => resnet(Block::Bottleneck, [3, 4, 6, 3]),
-            ResNet101 => resnet(Block::Bottleneck, [3, 4, 23, 3]),
-            ResNeXt50 | WideResNet50 => {
-                let Arch::ResNet(s) = resnet(Block::Bottleneck, [3, 4, 6, 3]) else {
-                    unreachable!()
-                };
-                let (groups, width_per_group) = if self == ResNeXt50 { (32, 4) } else { (1, 128) };
-                Arch::ResNet(ResNetSpec {
-                    groups,
-                    width_per_group,
-                    ..s
-                })
-            }
-            ResNet18Cifar | ResNet10Tiny => {
-                let tiny = self == ResNet10Tiny;
-                Arch::ResNet(ResNetSpec {
-                    block: Block::Basic,
-                    layers: if tiny { [1, 1, 1, 1] } else { [2, 2, 2, 2] },
-                    widths: if tiny { [16, 32, 64, 128] } else { [64, 128, 256, 512] },
-                    cifar_stem: true,
-                    groups: 1,
-                    width_per_group: 64,
-                })
-            }
+            ResNet18 => Arch::ResNet(resnet(Block::Basic, [2, 2, 2, 2])),
+            ResNet34 => Arch::ResNet(resnet(Block::Basic, [3, 4, 6, 3])),
+            ResNet50 => Arch::ResNet(resnet(Block::Bottleneck, [3, 4, 6, 3])),
+            ResNet101 => Arch::ResNet(resnet(Block::Bottleneck, [3, 4, 23, 3])),
+            // resnext50_32x4d: 32 groups of 4 channels per 64; wide_resnet50_2: twice as wide.
+            ResNeXt50 => Arch::ResNet(ResNetSpec {
+                groups: 32,
+                width_per_group: 4,
+                ..resnet(Block::Bottleneck, [3, 4, 6, 3])
+            }),
+            WideResNet50 => Arch::ResNet(ResNetSpec {
+                width_per_group: 128,
+                ..resnet(Block::Bottleneck, [3, 4, 6, 3])
+            }),
+            ResNet18Cifar => Arch::ResNet(ResNetSpec {
+                cifar_stem: true,
+                ..resnet(Block::Basic, [2, 2, 2, 2])
+            }),
+            ResNet10Tiny => Arch::ResNet(ResNetSpec {
+                widths: [16, 32, 64, 128],
+                cifar_stem: true,
+                ..resnet(Block::Basic, [1, 1, 1, 1])
+            }),
             ConvNextTiny => convnext([3, 3, 9, 3]),
             ConvNextSmall => convnext([3, 3, 27, 3]),
             EfficientNetB0 => Arch::EfficientNet(efficientnet::b(1.0, 1.0)),

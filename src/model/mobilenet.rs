@@ -6,8 +6,8 @@
 //! all biases zero.
 use tch::nn::{self, ModuleT};
 
-use super::layers::{conv_norm_act, linear, make_divisible, squeeze_excitation, Act, ConvNormAct, ConvShape};
-use super::layers::{NormKind, SqueezeExcitation, KAIMING_FAN_OUT, ZERO};
+use super::layers::{conv_norm_act, linear, make_divisible, squeeze_excitation, Act, ConvShape};
+use super::layers::{NormKind, KAIMING_FAN_OUT, ZERO};
 use super::LayerMap;
 
 /// One row of torchvision's `inverted_residual_setting` (width multiplier 1).
@@ -87,50 +87,36 @@ const NORM: NormKind = NormKind::Batch {
     momentum: 0.01,
 };
 
-enum Layer {
-    Conv(ConvNormAct),
-    Se(SqueezeExcitation),
-}
-
+/// torchvision's `InvertedResidual` (`p.block.N`): expand 1×1 (when it widens), depthwise,
+/// squeeze-excitation (when the row says so), project 1×1; residual when the shape is kept.
 fn inverted_residual(p: nn::Path, r: &Row) -> impl ModuleT {
     let b = &p / "block";
     let act = Some(if r.hardswish { Act::Hardswish } else { Act::Relu });
-    let cna =
-        |i: usize, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, NORM, act, KAIMING_FAN_OUT, None);
-    let mut layers = Vec::new();
+    let cna = |i: i64, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, NORM, act, KAIMING_FAN_OUT, None);
+    let mut seq = nn::seq_t();
     if r.expanded != r.cin {
-        layers.push(Layer::Conv(cna(0, r.cin, r.expanded, ConvShape::new(1, 1), act)));
+        seq = seq.add(cna(0, r.cin, r.expanded, ConvShape::new(1, 1), act));
     }
     let dw = ConvShape::new(r.kernel, r.stride).groups(r.expanded);
-    layers.push(Layer::Conv(cna(layers.len(), r.expanded, r.expanded, dw, act)));
+    let n = seq.len();
+    seq = seq.add(cna(n, r.expanded, r.expanded, dw, act));
     if r.se {
         let squeeze = make_divisible((r.expanded / 4) as f64, 8);
-        let se = squeeze_excitation(
-            &b / layers.len(),
+        let n = seq.len();
+        seq = seq.add(squeeze_excitation(
+            &b / n,
             r.expanded,
             squeeze,
             Act::Relu,
             Act::Hardsigmoid,
             |_| ZERO,
-        );
-        layers.push(Layer::Se(se));
+        ));
     }
-    layers.push(Layer::Conv(cna(
-        layers.len(),
-        r.expanded,
-        r.cout,
-        ConvShape::new(1, 1),
-        None,
-    )));
+    let n = seq.len();
+    seq = seq.add(cna(n, r.expanded, r.cout, ConvShape::new(1, 1), None));
     let residual = r.stride == 1 && r.cin == r.cout;
     nn::func_t(move |x, train| {
-        let mut y = x.shallow_clone();
-        for l in &layers {
-            y = match l {
-                Layer::Conv(c) => y.apply_t(c, train),
-                Layer::Se(se) => y.apply(se),
-            };
-        }
+        let y = x.apply_t(&seq, train);
         match residual {
             true => y + x,
             false => y,
