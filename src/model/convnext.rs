@@ -6,7 +6,7 @@
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
-use super::layers::{self, conv2d, conv_norm_act, linear, norm2d, stochastic_depth, ConvShape, NormKind, ZERO};
+use super::layers::{self, conv2d, conv_norm_act_init, linear, norm2d, stochastic_depth, ConvShape, NormKind, ZERO};
 use super::LayerMap;
 
 pub struct ConvNextSpec {
@@ -48,7 +48,7 @@ fn block(p: nn::Path, dim: i64, drop: f64) -> impl ModuleT {
 pub fn convnext(p: &nn::Path, spec: &ConvNextSpec, num_classes: i64, drop_path: f64) -> (nn::FuncT<'static>, LayerMap) {
     let f = p / "features";
     let d = spec.dims;
-    let stem = conv_norm_act(
+    let stem = conv_norm_act_init(
         &f / 0,
         3,
         d[0],

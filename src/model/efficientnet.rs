@@ -6,7 +6,7 @@
 use tch::nn::{self, ModuleT};
 
 use super::layers::{conv_norm_act, linear, make_divisible, squeeze_excitation, stochastic_depth, Act, ConvShape};
-use super::layers::{NormKind, KAIMING_FAN_OUT, ZERO};
+use super::layers::{NormKind, ZERO};
 use super::LayerMap;
 
 #[derive(Debug, Clone, Copy)]
@@ -96,7 +96,7 @@ pub fn v2_s() -> EfficientNetSpec {
 fn block(p: nn::Path, s: &Stage, cin: i64, stride: i64, drop: f64, norm: NormKind) -> impl ModuleT {
     let b = &p / "block";
     let expanded = make_divisible(cin as f64 * s.expand, 8);
-    let cna = |i: i64, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, norm, act, KAIMING_FAN_OUT, None);
+    let cna = |i: i64, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, norm, act);
     let (silu, one) = (Some(Act::Silu), ConvShape::new(1, 1));
     let mut seq = nn::seq_t();
     match s.block {
@@ -155,16 +155,7 @@ pub fn efficientnet(
     let depth = |n: usize| (n as f64 * spec.depth_mult).ceil() as usize;
     let first = width(spec.stages[0].cin);
     let silu = Some(Act::Silu);
-    let stem = conv_norm_act(
-        &f / 0,
-        3,
-        first,
-        ConvShape::new(3, 2),
-        norm,
-        silu,
-        KAIMING_FAN_OUT,
-        None,
-    );
+    let stem = conv_norm_act(&f / 0, 3, first, ConvShape::new(3, 2), norm, silu);
     let total: usize = spec.stages.iter().map(|s| depth(s.layers)).sum();
     let mut map = LayerMap::new(&["features.0"]);
     let mut stages = Vec::new();
@@ -188,16 +179,7 @@ pub fn efficientnet(
     }
     let last = spec.last_channel.unwrap_or(4 * cin);
     let last_idx = spec.stages.len() + 1;
-    let head_conv = conv_norm_act(
-        &f / last_idx,
-        cin,
-        last,
-        ConvShape::new(1, 1),
-        norm,
-        silu,
-        KAIMING_FAN_OUT,
-        None,
-    );
+    let head_conv = conv_norm_act(&f / last_idx, cin, last, ConvShape::new(1, 1), norm, silu);
     let r = 1.0 / (num_classes as f64).sqrt();
     let fc = linear(
         p / "classifier" / 1,

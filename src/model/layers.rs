@@ -181,8 +181,15 @@ pub struct ConvNormAct {
     act: Option<Act>,
 }
 
+/// `Conv2dNormActivation` as ResNet-style families start it: a Kaiming-normal (fan-out)
+/// convolution without bias.
+pub fn conv_norm_act(p: nn::Path, cin: i64, cout: i64, s: ConvShape, norm: NormKind, act: Option<Act>) -> ConvNormAct {
+    conv_norm_act_init(p, cin, cout, s, norm, act, KAIMING_FAN_OUT, None)
+}
+
+/// `conv_norm_act` with the weight initialisation `ws` and a bias (ConvNeXt's stem).
 #[allow(clippy::too_many_arguments)]
-pub fn conv_norm_act(
+pub fn conv_norm_act_init(
     p: nn::Path,
     cin: i64,
     cout: i64,

@@ -7,7 +7,7 @@
 use tch::nn::{self, ModuleT};
 
 use super::layers::{conv_norm_act, linear, make_divisible, squeeze_excitation, Act, ConvShape};
-use super::layers::{NormKind, KAIMING_FAN_OUT, ZERO};
+use super::layers::{NormKind, ZERO};
 use super::LayerMap;
 
 /// One row of torchvision's `inverted_residual_setting` (width multiplier 1).
@@ -92,7 +92,7 @@ const NORM: NormKind = NormKind::Batch {
 fn inverted_residual(p: nn::Path, r: &Row) -> impl ModuleT {
     let b = &p / "block";
     let act = Some(if r.hardswish { Act::Hardswish } else { Act::Relu });
-    let cna = |i: i64, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, NORM, act, KAIMING_FAN_OUT, None);
+    let cna = |i: i64, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, NORM, act);
     let mut seq = nn::seq_t();
     if r.expanded != r.cin {
         seq = seq.add(cna(0, r.cin, r.expanded, ConvShape::new(1, 1), act));
@@ -134,7 +134,7 @@ pub fn mobilenet_v3(
     let f = p / "features";
     let hs = Some(Act::Hardswish);
     let first = spec.rows[0].cin;
-    let stem = conv_norm_act(&f / 0, 3, first, ConvShape::new(3, 2), NORM, hs, KAIMING_FAN_OUT, None);
+    let stem = conv_norm_act(&f / 0, 3, first, ConvShape::new(3, 2), NORM, hs);
     let mut map = LayerMap::new(&["features.0"]);
     let mut blocks = nn::seq_t();
     for (i, r) in spec.rows.iter().enumerate() {
@@ -144,7 +144,7 @@ pub fn mobilenet_v3(
     let cin = spec.rows[spec.rows.len() - 1].cout;
     let last = 6 * cin;
     let n = spec.rows.len() + 1;
-    let head_conv = conv_norm_act(&f / n, cin, last, ConvShape::new(1, 1), NORM, hs, KAIMING_FAN_OUT, None);
+    let head_conv = conv_norm_act(&f / n, cin, last, ConvShape::new(1, 1), NORM, hs);
     let c = p / "classifier";
     let normal = nn::Init::Randn { mean: 0.0, stdev: 0.01 };
     let fc1 = linear(&c / 0, last, spec.last_channel, normal, ZERO);

@@ -6,7 +6,7 @@
 //! `BlockParams.from_init_params` results, written out.
 use tch::nn::{self, ModuleT};
 
-use super::layers::{conv_norm_act, linear, squeeze_excitation, Act, ConvShape, NormKind, KAIMING_FAN_OUT, ZERO};
+use super::layers::{conv_norm_act, linear, squeeze_excitation, Act, ConvShape, NormKind, ZERO};
 use super::LayerMap;
 
 pub struct RegNetSpec {
@@ -21,45 +21,16 @@ const SE_RATIO: f64 = 0.25;
 fn block(p: nn::Path, cin: i64, cout: i64, stride: i64, group_width: i64) -> impl ModuleT {
     let n = NormKind::BATCH;
     let relu = Some(Act::Relu);
-    let proj = (cin != cout || stride != 1).then(|| {
-        conv_norm_act(
-            &p / "proj",
-            cin,
-            cout,
-            ConvShape::new(1, stride),
-            n,
-            None,
-            KAIMING_FAN_OUT,
-            None,
-        )
-    });
+    let proj =
+        (cin != cout || stride != 1).then(|| conv_norm_act(&p / "proj", cin, cout, ConvShape::new(1, stride), n, None));
     let f = &p / "f";
-    let a = conv_norm_act(
-        &f / "a",
-        cin,
-        cout,
-        ConvShape::new(1, 1),
-        n,
-        relu,
-        KAIMING_FAN_OUT,
-        None,
-    );
+    let a = conv_norm_act(&f / "a", cin, cout, ConvShape::new(1, 1), n, relu);
     let grouped = ConvShape::new(3, stride).groups(cout / group_width);
-    let b = conv_norm_act(&f / "b", cout, cout, grouped, n, relu, KAIMING_FAN_OUT, None);
+    let b = conv_norm_act(&f / "b", cout, cout, grouped, n, relu);
     let squeeze = (SE_RATIO * cin as f64).round() as i64;
-    // nn.Conv2d's default bias: U(±1/√fan_in); RegNet's init leaves it.
-    let torch_bias = |fan_in: i64| super::torch_bias(fan_in);
-    let se = squeeze_excitation(&f / "se", cout, squeeze, Act::Relu, Act::Sigmoid, torch_bias);
-    let c = conv_norm_act(
-        &f / "c",
-        cout,
-        cout,
-        ConvShape::new(1, 1),
-        n,
-        None,
-        KAIMING_FAN_OUT,
-        None,
-    );
+    // nn.Conv2d's default bias, U(±1/√fan_in): RegNet's init leaves it.
+    let se = squeeze_excitation(&f / "se", cout, squeeze, Act::Relu, Act::Sigmoid, super::torch_bias);
+    let c = conv_norm_act(&f / "c", cout, cout, ConvShape::new(1, 1), n, None);
     nn::func_t(move |x, train| {
         let y = x.apply_t(&a, train).apply_t(&b, train).apply(&se).apply_t(&c, train);
         let shortcut = match &proj {
@@ -78,8 +49,6 @@ pub fn regnet(p: &nn::Path, spec: &RegNetSpec, num_classes: i64) -> (nn::FuncT<'
         ConvShape::new(3, 2),
         NormKind::BATCH,
         Some(Act::Relu),
-        KAIMING_FAN_OUT,
-        None,
     );
     let mut map = LayerMap::new(&["stem"]);
     let t = p / "trunk_output";

@@ -41,20 +41,10 @@ impl Attention {
     fn new(p: nn::Path, e: i64, heads: i64) -> Self {
         // MultiheadAttention._reset_parameters: in_proj xavier_uniform, biases 0; out_proj keeps
         // nn.Linear's weight initialisation.
-        let out = nn::linear(
-            &p / "out_proj",
-            e,
-            e,
-            nn::LinearConfig {
-                ws_init: super::TORCH_WEIGHT_INIT,
-                bs_init: Some(ZERO),
-                bias: true,
-            },
-        );
         Attention {
             in_w: p.var("in_proj_weight", &[3 * e, e], layers::xavier_uniform(e, 3 * e)),
             in_b: p.var("in_proj_bias", &[3 * e], ZERO),
-            out,
+            out: linear(&p / "out_proj", e, e, super::TORCH_WEIGHT_INIT, ZERO),
             heads,
         }
     }
