@@ -4,7 +4,6 @@
 //! Every convolution and linear layer starts from trunc_normal(std 0.02) with zero biases, the
 //! layer scales at 1e-6.
 use tch::nn::{self, ModuleT};
-use tch::Tensor;
 
 use super::layers::{self, conv2d, conv_norm_act_init, linear, norm2d, stochastic_depth, ConvShape, NormKind, ZERO};
 use super::LayerMap;
@@ -60,14 +59,14 @@ pub fn convnext(p: &nn::Path, spec: &ConvNextSpec, num_classes: i64, drop_path: 
     );
     let total: usize = spec.depths.iter().sum();
     let mut map = LayerMap::new(&["features.0"]);
-    let mut stages: Vec<(nn::SequentialT, Option<nn::SequentialT>)> = Vec::new();
+    // Stages and the downsamplings between them, in torchvision's `features` order.
+    let mut features = nn::seq_t();
     let mut block_id = 0;
     for (s, &n) in spec.depths.iter().enumerate() {
         let idx = 1 + 2 * s;
-        let mut seq = nn::seq_t();
         for j in 0..n {
             let prob = drop_path * block_id as f64 / (total as f64 - 1.0);
-            seq = seq.add(block(&f / idx / j, d[s], prob));
+            features = features.add(block(&f / idx / j, d[s], prob));
             // The downsampling before a stage learns at its first block's rate.
             let mut group = vec![format!("features.{idx}.{j}")];
             if s > 0 && j == 0 {
@@ -76,31 +75,21 @@ pub fn convnext(p: &nn::Path, spec: &ConvNextSpec, num_classes: i64, drop_path: 
             map.blocks.push(group);
             block_id += 1;
         }
-        let down = (s < 3).then(|| {
+        if s < 3 {
             let dp = &f / (idx + 1);
-            nn::seq_t().add(norm2d(&dp / 0, d[s], LN)).add(conv2d(
-                &dp / 1,
-                d[s],
-                d[s + 1],
-                ConvShape::new(2, 2).padding(0),
-                init(),
-                Some(ZERO),
-            ))
-        });
-        stages.push((seq, down));
+            let down = ConvShape::new(2, 2).padding(0);
+            features =
+                features
+                    .add(norm2d(&dp / 0, d[s], LN))
+                    .add(conv2d(&dp / 1, d[s], d[s + 1], down, init(), Some(ZERO)));
+        }
     }
     let c = p / "classifier";
     let head_norm = norm2d(&c / 0, d[3], LN);
     let fc = linear(&c / 2, d[3], num_classes, init(), ZERO);
     let net = nn::func_t(move |x, train| {
-        let mut y = x.apply_t(&stem, train);
-        for (seq, down) in &stages {
-            y = y.apply_t(seq, train);
-            if let Some(down) = down {
-                y = y.apply_t(down, train);
-            }
-        }
-        let y: Tensor = y.adaptive_avg_pool2d([1, 1]).apply_t(&head_norm, train);
+        let y = x.apply_t(&stem, train).apply_t(&features, train);
+        let y = y.adaptive_avg_pool2d([1, 1]).apply_t(&head_norm, train);
         y.flatten(1, -1).apply(&fc)
     });
     (net, map)

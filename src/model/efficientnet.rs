@@ -3,10 +3,10 @@
 //! FusedMBConv (one 3×3 expanding convolution, project 1×1) blocks (`features.1…`), a 1×1 head
 //! convolution, then dropout and Linear (`classifier.1`). SiLU throughout; convolutions from
 //! Kaiming normal (fan-out) with zero biases, the Linear from U(±1/√out) with a zero bias.
-use tch::nn::{self, ModuleT};
+use tch::nn;
 
-use super::layers::{conv_norm_act, linear, make_divisible, squeeze_excitation, stochastic_depth, Act, ConvShape};
-use super::layers::{NormKind, ZERO};
+use super::layers::{conv_norm_act, inverted_residual, linear, make_divisible, residual, Act, ConvShape};
+use super::layers::{InvertedResidual, NormKind, SeSpec, ZERO};
 use super::LayerMap;
 
 #[derive(Debug, Clone, Copy)]
@@ -91,50 +91,44 @@ pub fn v2_s() -> EfficientNetSpec {
     }
 }
 
-/// MBConv or FusedMBConv (`p.block.N`, numbered as torchvision's Sequential numbers them), with
-/// stochastic depth on the residual branch.
-fn block(p: nn::Path, s: &Stage, cin: i64, stride: i64, drop: f64, norm: NormKind) -> impl ModuleT {
-    let b = &p / "block";
+/// MBConv (an inverted residual block with SiLU and squeeze-excitation) or FusedMBConv (one
+/// k×k expanding convolution, then the 1×1 projection), with stochastic depth on the residual.
+fn block(p: nn::Path, s: &Stage, cin: i64, stride: i64, drop: f64, norm: NormKind) -> nn::FuncT<'static> {
     let expanded = make_divisible(cin as f64 * s.expand, 8);
-    let cna = |i: i64, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, norm, act);
-    let (silu, one) = (Some(Act::Silu), ConvShape::new(1, 1));
-    let mut seq = nn::seq_t();
-    match s.block {
+    let silu = Some(Act::Silu);
+    let widen = ConvShape::new(s.kernel, stride);
+    let layers = match s.block {
         BlockKind::MbConv => {
-            if expanded != cin {
-                let n = seq.len();
-                seq = seq.add(cna(n, cin, expanded, one, silu));
-            }
-            let dw = ConvShape::new(s.kernel, stride).groups(expanded);
-            let n = seq.len();
-            seq = seq.add(cna(n, expanded, expanded, dw, silu));
-            let squeeze = (cin / 4).max(1);
-            let n = seq.len();
-            seq = seq.add(squeeze_excitation(
-                &b / n,
+            let se = SeSpec {
+                squeeze: (cin / 4).max(1),
+                act: Act::Silu,
+                scale: Act::Sigmoid,
+            };
+            let b = InvertedResidual {
+                cin,
                 expanded,
-                squeeze,
-                Act::Silu,
-                Act::Sigmoid,
-                |_| ZERO,
-            ));
-            let n = seq.len();
-            seq = seq.add(cna(n, expanded, s.cout, one, None));
+                cout: s.cout,
+                kernel: s.kernel,
+                stride,
+                act: Act::Silu,
+                se: Some(se),
+                norm,
+            };
+            return inverted_residual(p, &b, drop);
         }
-        BlockKind::Fused if expanded != cin => {
-            seq = seq.add(cna(0, cin, expanded, ConvShape::new(s.kernel, stride), silu));
-            seq = seq.add(cna(1, expanded, s.cout, one, None));
-        }
-        BlockKind::Fused => seq = seq.add(cna(0, cin, s.cout, ConvShape::new(s.kernel, stride), silu)),
-    }
-    let residual = stride == 1 && cin == s.cout;
-    nn::func_t(move |x, train| {
-        let y = x.apply_t(&seq, train);
-        match residual {
-            true => stochastic_depth(&y, drop, train) + x,
-            false => y,
-        }
-    })
+        BlockKind::Fused if expanded != cin => nn::seq_t()
+            .add(conv_norm_act(&p / "block" / 0, cin, expanded, widen, norm, silu))
+            .add(conv_norm_act(
+                &p / "block" / 1,
+                expanded,
+                s.cout,
+                ConvShape::new(1, 1),
+                norm,
+                None,
+            )),
+        BlockKind::Fused => nn::seq_t().add(conv_norm_act(&p / "block" / 0, cin, s.cout, widen, norm, silu)),
+    };
+    residual(layers, stride == 1 && cin == s.cout, drop)
 }
 
 /// `drop_path`: torchvision's `stochastic_depth_prob` (rising linearly over the blocks);
@@ -158,7 +152,7 @@ pub fn efficientnet(
     let stem = conv_norm_act(&f / 0, 3, first, ConvShape::new(3, 2), norm, silu);
     let total: usize = spec.stages.iter().map(|s| depth(s.layers)).sum();
     let mut map = LayerMap::new(&["features.0"]);
-    let mut stages = Vec::new();
+    let mut blocks = nn::seq_t();
     let mut block_id = 0;
     let mut cin = first;
     for (i, s) in spec.stages.iter().enumerate() {
@@ -166,16 +160,14 @@ pub fn efficientnet(
             cout: width(s.cout),
             ..*s
         };
-        let mut seq = nn::seq_t();
         for j in 0..depth(s.layers) {
             let prob = drop_path * block_id as f64 / total as f64;
             let stride = if j == 0 { s.stride } else { 1 };
-            seq = seq.add(block(&f / (i + 1) / j, &s, cin, stride, prob, norm));
+            blocks = blocks.add(block(&f / (i + 1) / j, &s, cin, stride, prob, norm));
             map.blocks.push(vec![format!("features.{}.{j}", i + 1)]);
             cin = s.cout;
             block_id += 1;
         }
-        stages.push(seq);
     }
     let last = spec.last_channel.unwrap_or(4 * cin);
     let last_idx = spec.stages.len() + 1;
@@ -189,11 +181,9 @@ pub fn efficientnet(
         ZERO,
     );
     let net = nn::func_t(move |x, train| {
-        let mut y = x.apply_t(&stem, train);
-        for s in &stages {
-            y = y.apply_t(s, train);
-        }
-        y.apply_t(&head_conv, train)
+        x.apply_t(&stem, train)
+            .apply_t(&blocks, train)
+            .apply_t(&head_conv, train)
             .adaptive_avg_pool2d([1, 1])
             .flatten(1, -1)
             .dropout(dropout, train)

@@ -276,6 +276,69 @@ pub fn stochastic_depth(x: &Tensor, p: f64, train: bool) -> Tensor {
     x * noise
 }
 
+/// A block's layers added back to its input when `add` (the shape is kept), through stochastic
+/// depth `drop`, as torchvision's MBConv, FusedMBConv and InvertedResidual do.
+pub fn residual(layers: nn::SequentialT, add: bool, drop: f64) -> nn::FuncT<'static> {
+    nn::func_t(move |x, train| {
+        let y = x.apply_t(&layers, train);
+        match add {
+            true => stochastic_depth(&y, drop, train) + x,
+            false => y,
+        }
+    })
+}
+
+/// The squeeze-excitation of an inverted residual block: its width and activations (its biases
+/// start at zero in both families that use it).
+#[derive(Debug, Clone, Copy)]
+pub struct SeSpec {
+    pub squeeze: i64,
+    pub act: Act,
+    pub scale: Act,
+}
+
+/// An inverted residual block's shape: MobileNetV3's `InvertedResidual` and EfficientNet's
+/// `MBConv`.
+#[derive(Debug, Clone, Copy)]
+pub struct InvertedResidual {
+    pub cin: i64,
+    pub expanded: i64,
+    pub cout: i64,
+    pub kernel: i64,
+    pub stride: i64,
+    pub act: Act,
+    pub se: Option<SeSpec>,
+    pub norm: NormKind,
+}
+
+/// `b` as torchvision builds it, under `p.block.N` numbered as its Sequential numbers them: 1×1
+/// expansion (when it widens), depthwise k×k, squeeze-excitation, 1×1 projection; residual
+/// (through stochastic depth `drop`) when the shape is kept.
+pub fn inverted_residual(p: nn::Path, b: &InvertedResidual, drop: f64) -> nn::FuncT<'static> {
+    let p = &p / "block";
+    let mut index = 0..;
+    let mut next = || &p / index.next().unwrap();
+    let (act, one) = (Some(b.act), ConvShape::new(1, 1));
+    let mut seq = nn::seq_t();
+    if b.expanded != b.cin {
+        seq = seq.add(conv_norm_act(next(), b.cin, b.expanded, one, b.norm, act));
+    }
+    let dw = ConvShape::new(b.kernel, b.stride).groups(b.expanded);
+    seq = seq.add(conv_norm_act(next(), b.expanded, b.expanded, dw, b.norm, act));
+    if let Some(se) = b.se {
+        seq = seq.add(squeeze_excitation(
+            next(),
+            b.expanded,
+            se.squeeze,
+            se.act,
+            se.scale,
+            |_| ZERO,
+        ));
+    }
+    seq = seq.add(conv_norm_act(next(), b.expanded, b.cout, one, b.norm, None));
+    residual(seq, b.stride == 1 && b.cin == b.cout, drop)
+}
+
 /// torchvision's `_make_divisible`: `v` rounded to a multiple of `divisor`, never below it and
 /// never more than 10 % down.
 pub fn make_divisible(v: f64, divisor: i64) -> i64 {

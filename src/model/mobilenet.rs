@@ -4,10 +4,10 @@
 //! Linear, Hardswish, dropout, Linear (`classifier.0`, `classifier.3`). BatchNorm with eps 1e-3
 //! and momentum 0.01; convolutions from Kaiming normal (fan-out), Linear layers from N(0, 0.01),
 //! all biases zero.
-use tch::nn::{self, ModuleT};
+use tch::nn;
 
-use super::layers::{conv_norm_act, linear, make_divisible, squeeze_excitation, Act, ConvShape};
-use super::layers::{NormKind, ZERO};
+use super::layers::{conv_norm_act, inverted_residual, linear, make_divisible, Act, ConvShape};
+use super::layers::{InvertedResidual, NormKind, SeSpec, ZERO};
 use super::LayerMap;
 
 /// One row of torchvision's `inverted_residual_setting` (width multiplier 1).
@@ -87,41 +87,22 @@ const NORM: NormKind = NormKind::Batch {
     momentum: 0.01,
 };
 
-/// torchvision's `InvertedResidual` (`p.block.N`): expand 1×1 (when it widens), depthwise,
-/// squeeze-excitation (when the row says so), project 1×1; residual when the shape is kept.
-fn inverted_residual(p: nn::Path, r: &Row) -> impl ModuleT {
-    let b = &p / "block";
-    let act = Some(if r.hardswish { Act::Hardswish } else { Act::Relu });
-    let cna = |i: i64, cin, cout, shape, act| conv_norm_act(&b / i, cin, cout, shape, NORM, act);
-    let mut seq = nn::seq_t();
-    if r.expanded != r.cin {
-        seq = seq.add(cna(0, r.cin, r.expanded, ConvShape::new(1, 1), act));
+/// A row as the block torchvision builds from it.
+fn block(r: &Row) -> InvertedResidual {
+    InvertedResidual {
+        cin: r.cin,
+        expanded: r.expanded,
+        cout: r.cout,
+        kernel: r.kernel,
+        stride: r.stride,
+        act: if r.hardswish { Act::Hardswish } else { Act::Relu },
+        se: r.se.then(|| SeSpec {
+            squeeze: make_divisible((r.expanded / 4) as f64, 8),
+            act: Act::Relu,
+            scale: Act::Hardsigmoid,
+        }),
+        norm: NORM,
     }
-    let dw = ConvShape::new(r.kernel, r.stride).groups(r.expanded);
-    let n = seq.len();
-    seq = seq.add(cna(n, r.expanded, r.expanded, dw, act));
-    if r.se {
-        let squeeze = make_divisible((r.expanded / 4) as f64, 8);
-        let n = seq.len();
-        seq = seq.add(squeeze_excitation(
-            &b / n,
-            r.expanded,
-            squeeze,
-            Act::Relu,
-            Act::Hardsigmoid,
-            |_| ZERO,
-        ));
-    }
-    let n = seq.len();
-    seq = seq.add(cna(n, r.expanded, r.cout, ConvShape::new(1, 1), None));
-    let residual = r.stride == 1 && r.cin == r.cout;
-    nn::func_t(move |x, train| {
-        let y = x.apply_t(&seq, train);
-        match residual {
-            true => y + x,
-            false => y,
-        }
-    })
 }
 
 /// `dropout`: between the two Linear layers of the classifier.
@@ -138,7 +119,7 @@ pub fn mobilenet_v3(
     let mut map = LayerMap::new(&["features.0"]);
     let mut blocks = nn::seq_t();
     for (i, r) in spec.rows.iter().enumerate() {
-        blocks = blocks.add(inverted_residual(&f / (i + 1), r));
+        blocks = blocks.add(inverted_residual(&f / (i + 1), &block(r), 0.0));
         map.blocks.push(vec![format!("features.{}", i + 1)]);
     }
     let cin = spec.rows[spec.rows.len() - 1].cout;

@@ -246,19 +246,13 @@ impl Model {
                     r.missing.push(name.clone());
                     continue;
                 };
-                let resized = match self.kind.patch_size() {
-                    Some(_) if name == "encoder.pos_embedding" && src.size() != var.size() => {
-                        vit::interpolate_pos_embedding(src, var.size()[1])
-                    }
-                    _ => None,
-                };
-                let src = match &resized {
-                    Some(t) => {
-                        r.interpolated.push(name.clone());
-                        t
-                    }
-                    None => src,
-                };
+                let resized = (name == "encoder.pos_embedding" && src.size() != var.size())
+                    .then(|| vit::interpolate_pos_embedding(src, var.size()[1]))
+                    .flatten();
+                if resized.is_some() {
+                    r.interpolated.push(name.clone());
+                }
+                let src = resized.as_ref().unwrap_or(src);
                 if src.size() != var.size() {
                     if name.starts_with(&head) {
                         r.reinitialized_head.push(name.clone());

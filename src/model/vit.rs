@@ -73,20 +73,8 @@ fn encoder_block(p: nn::Path, s: &VitSpec, dropout: f64, drop: f64) -> nn::FuncT
     let ln_2 = layers::layer_norm(&p / "ln_2", s.hidden, 1e-6);
     // MLPBlock: xavier_uniform weights, N(0, 1e-6) biases.
     let bias = nn::Init::Randn { mean: 0.0, stdev: 1e-6 };
-    let fc1 = linear(
-        &p / "mlp" / 0,
-        s.hidden,
-        s.mlp,
-        layers::xavier_uniform(s.hidden, s.mlp),
-        bias,
-    );
-    let fc2 = linear(
-        &p / "mlp" / 3,
-        s.mlp,
-        s.hidden,
-        layers::xavier_uniform(s.mlp, s.hidden),
-        bias,
-    );
+    let mlp = |i: i64, cin, cout| linear(&p / "mlp" / i, cin, cout, layers::xavier_uniform(cin, cout), bias);
+    let (fc1, fc2) = (mlp(0, s.hidden, s.mlp), mlp(3, s.mlp, s.hidden));
     nn::func_t(move |input, train| {
         let a = input.apply(&ln_1).apply(&attn).dropout(dropout, train);
         let x = stochastic_depth(&a, drop, train) + input;

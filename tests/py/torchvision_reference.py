@@ -8,7 +8,7 @@
       state_dict) loaded strictly into torchvision's NAME; its eval logits on the input of
       DIR/NAME.ours_io.safetensors against the "logits" saved there, as JSON per name
   torchvision_reference.py param_counts NAME...   JSON: parameters of torchvision's NAME at 1000
-      classes
+      classes, and the crop size of its default weights
   torchvision_reference.py interpolate_pos SRC SIZE OUT   torchvision's interpolate_embeddings of
       the ViT-B/16 state_dict SRC for SIZE px, saved to OUT
   torchvision_reference.py evaluate MODEL NUM_CLASSES CKPT ROOT SIZE RESIZE   top-1 in PyTorch
@@ -129,11 +129,16 @@ def load_strict(d, *names):
 
 
 def param_counts(*names):
+    """Parameters at 1000 classes and, for torchvision's own architectures, the crop size of the
+    default weights' transforms."""
     counts = {}
     for name in names:
         m = build(name, num_classes=1000)[0] if name == "resnet18-cifar" else \
             getattr(torchvision.models, name)(num_classes=1000)
-        counts[name] = sum(p.numel() for p in m.parameters())
+        counts[name] = {"parameters": sum(p.numel() for p in m.parameters())}
+        if name in torchvision.models.list_models():
+            crop = torchvision.models.get_model_weights(name).DEFAULT.transforms().crop_size
+            counts[name]["input"] = crop[0]
     print(json.dumps(counts))
 
 
