@@ -32,6 +32,9 @@ fn main() {
     }
     println!("cargo:rerun-if-changed={}", lib.join("libtorch_cuda.so").display());
     println!("cargo:rerun-if-env-changed={}", cuda::NO_NCCL_VAR);
+    // Set by scripts/env.sh: a build of another checkout in the shared target directory must not
+    // pass for this one's (see there).
+    println!("cargo:rerun-if-env-changed=RINGTRAIN_CHECKOUT");
     let no_nccl = std::env::var(cuda::NO_NCCL_VAR).is_ok_and(|v| !v.is_empty() && v != "0");
     let plan = match cuda::decide(&lib, no_nccl) {
         Ok(p) => p,
