@@ -11,8 +11,10 @@
 //    wildcard address), so the shim binds the socket itself and hands c10d the descriptor
 //    (TCPStoreOptions::masterListenFd, as torchrun's agent can). The store has no
 //    authentication; the docs say to keep it on a private network.
-//  - Gloo needs a network device to bind: GLOO_SOCKET_IFNAME if set (as in PyTorch), loopback when
-//    the master is local, otherwise the address this host's name resolves to.
+//  - Gloo needs a network device to bind: GLOO_SOCKET_IFNAME if set (as in PyTorch), otherwise
+//    `local_addr`, the address on the route to the master (dist/network.rs). PyTorch binds the
+//    address the host's name resolves to, often a loopback one: peers on other nodes then
+//    cannot reach this rank.
 //  - NCCL: the group is bound to the rank's CUDA device (the current one, set by the caller;
 //    setBoundDeviceId + an eager connect, as init_process_group(device_id=...) does), so
 //    barriers and the communicator use that device, not one guessed from the rank.
@@ -51,10 +53,6 @@ struct rt_work {
 };
 
 namespace {
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 // A listening TCP socket on host:port (the first of the host's addresses that binds).
 int listen_on(const std::string& host, int port) {
   addrinfo hints{};
@@ -105,8 +103,8 @@ int rt_nccl_available(void) {
 #endif
 }
 
-rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int rank, int world,
-                 int64_t timeout_ms, int cuda_device) {
+rt_pg* rt_pg_new(const char* backend, const char* master_addr, const char* local_addr, int port, int rank,
+                 int world, int64_t timeout_ms, int cuda_device) {
   return rt_guard<rt_pg*>([&]() -> rt_pg* {
     const auto timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions so;
@@ -127,10 +125,8 @@ rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int ran
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       if (ifname && *ifname) {
         opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-      } else if (is_loopback(master_addr)) {
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
       } else {
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local_addr));
       }
       pg->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(pg->store, rank, world, opts);
     } else if (name == "nccl") {

@@ -103,9 +103,11 @@ typedef struct rt_pg rt_pg;
 typedef struct rt_work rt_work;
 int rt_nccl_available(void);
 // backend: "gloo" or "nccl". Rank 0 hosts the store on master_addr:port. Null on failure.
-// cuda_device: the rank's CUDA device for NCCL (already current; bound to the group), -1 for Gloo.
-rt_pg* rt_pg_new(const char* backend, const char* master_addr, int port, int rank, int world,
-                 int64_t timeout_ms, int cuda_device);
+// local_addr: the address Gloo binds unless GLOO_SOCKET_IFNAME is set (the one on the route to
+// the master). cuda_device: the rank's CUDA device for NCCL (already current; bound to the
+// group), -1 for Gloo.
+rt_pg* rt_pg_new(const char* backend, const char* master_addr, const char* local_addr, int port, int rank,
+                 int world, int64_t timeout_ms, int cuda_device);
 void rt_pg_free(rt_pg* pg);
 // Collectives start asynchronously and return a work handle (null on failure);
 // rt_work_wait waits for it, frees it, and returns 0 or -1. op: 0 = sum, 1 = max, 2 = min.

@@ -61,6 +61,7 @@ fn train(args: &TrainArgs) -> Result<()> {
     let cfg = train_config(args)?;
     let dist = match plan::plan(&(&args.dist).into(), cfg.device, cfg.sync_bn)? {
         Plan::Launch(spec) => {
+            crate::train::run_lock::RunLock::check_free(&cfg.out)?;
             cfg.preflight()?; // reject bad input once, before starting any worker
             let argv: Vec<String> = std::env::args().skip(1).collect();
             let code = launcher::launch(&spec, &argv)?;

@@ -76,6 +76,7 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<DistEnv>> {
             let master = get("MASTER_ADDR").or_else(|| {
                 get("SLURM_STEP_NODELIST")
                     .or_else(|| get("SLURM_JOB_NODELIST"))
+                    .or_else(|| get("SLURM_NODELIST"))
                     .map(|l| first_slurm_host(&l))
             });
             let Some(master_addr) = master else {

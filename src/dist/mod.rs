@@ -4,6 +4,7 @@
 pub mod ddp;
 pub mod env;
 pub mod launcher;
+pub mod network;
 pub mod plan;
 pub mod process_group;
 pub mod reducer;
@@ -44,7 +45,7 @@ pub fn join(
     timeout: Duration,
 ) -> Result<process_group::ProcessGroup> {
     let device = worker_device(device, env)?;
-    process_group::ProcessGroup::new(
+    let pg = process_group::ProcessGroup::new(
         backend,
         &env.master_addr,
         env.master_port,
@@ -52,7 +53,16 @@ pub fn join(
         env.world_size,
         timeout,
         device,
-    )
+    )?;
+    // Once per node: the interface its ranks talk on (each node's can differ).
+    if let (0, Some(r)) = (env.local_rank, &pg.route) {
+        let addr = r.addr.map(|a| format!(" ({a})")).unwrap_or_default();
+        println!(
+            "network: rank {} talks to its peers over {}{addr}, {}",
+            env.rank, r.iface, r.why
+        );
+    }
+    Ok(pg)
 }
 
 /// The CUDA device of a worker on `device`'s kind, made the current device before its process

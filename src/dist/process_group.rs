@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use tch::{Device, Kind, Tensor};
 
+use super::network::{self, Route};
 use crate::error::user_error;
 
 #[repr(C)]
@@ -30,6 +31,7 @@ extern "C" {
     fn rt_pg_new(
         backend: *const c_char,
         master: *const c_char,
+        local_addr: *const c_char,
         port: c_int,
         rank: c_int,
         world: c_int,
@@ -74,6 +76,15 @@ impl Backend {
             }
             Backend::Nccl => Backend::Nccl,
         })
+    }
+
+    /// The variable that names this backend's interface in PyTorch, with its value if set.
+    fn interface_variable(self) -> Option<(&'static str, String)> {
+        let name = match self {
+            Backend::Nccl => network::NCCL_VAR,
+            _ => network::GLOO_VAR,
+        };
+        std::env::var(name).ok().map(|v| (name, v))
     }
 
     fn auto(device: Device) -> Backend {
@@ -137,6 +148,8 @@ pub struct ProcessGroup {
     pub backend: Backend,
     /// Where every collective's tensors must live: the training device.
     pub device: Device,
+    /// The interface this rank reaches its peers on (None for a process alone).
+    pub route: Option<Route>,
 }
 
 // The handle is used from the training thread only; c10d's objects are thread-safe anyway.
@@ -161,11 +174,22 @@ impl ProcessGroup {
             (Backend::Nccl, Device::Cuda(i)) => i as c_int,
             _ => -1,
         };
-        let (b, m) = (CString::new(backend.name())?, CString::new(master_addr)?);
+        let route = network::route_to_master(master_addr, port, backend.interface_variable())?;
+        if backend == Backend::Nccl && std::env::var_os(network::NCCL_VAR).is_none() {
+            // NCCL's bootstrap reads it when the communicator is made ("=": this name exactly).
+            std::env::set_var(network::NCCL_VAR, format!("={}", route.iface));
+        }
+        let local = route.addr.map(|a| a.to_string()).unwrap_or_default();
+        let (b, m, l) = (
+            CString::new(backend.name())?,
+            CString::new(master_addr)?,
+            CString::new(local)?,
+        );
         let pg = unsafe {
             rt_pg_new(
                 b.as_ptr(),
                 m.as_ptr(),
+                l.as_ptr(),
                 port as c_int,
                 rank as c_int,
                 world_size as c_int,
@@ -186,6 +210,7 @@ impl ProcessGroup {
             world_size,
             backend,
             device,
+            route: Some(route),
         })
     }
 
@@ -197,6 +222,7 @@ impl ProcessGroup {
             world_size: 1,
             backend: Backend::auto(device),
             device,
+            route: None,
         }
     }
 

@@ -12,6 +12,7 @@ pub mod optim;
 pub mod reporter;
 pub mod resume;
 pub mod run_dir;
+pub mod run_lock;
 pub mod schedule;
 pub mod signals;
 pub mod state;
@@ -29,6 +30,7 @@ use meter::EpochMeter;
 use reporter::Reporter;
 use resume::Resume;
 use run_dir::RunDir;
+use run_lock::RunLock;
 use signals::StopRequest;
 use trainer::Trainer;
 
@@ -42,7 +44,13 @@ pub struct RunSummary {
 
 /// Trains as described by `cfg`: alone, or as one rank of a data-parallel job (`dist`).
 pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
+    // The rank that writes the run directory holds it (a second run into it is refused).
+    let writes = dist.is_none_or(|d| d.env.rank == 0);
+    if writes {
+        RunLock::check_free(&cfg.out)?; // before preflight calls a live run's outputs finished
+    }
     cfg.preflight()?;
+    let _held = writes.then(|| RunLock::acquire(&cfg.out)).transpose()?;
     let ctx = RankContext::new(cfg, dist)?;
     let data = TrainData::load(cfg, &ctx)?;
     let resume = Resume::find(cfg, &data.classes, ctx.world())?;

@@ -245,3 +245,45 @@ pub fn rel_diff(
     assert!(update > 0.0, "the reference run changed no parameter");
     max_diff(a, b) / update
 }
+
+/// Run `a` against run `b`, tensor by tensor, each relative to the change the reference run made
+/// to that tensor from the initial weights (its own update): the worst ratio and its tensor.
+/// Tensors whose update is below `1e-3` of the largest are set apart: their gradient is zero in
+/// exact arithmetic (a bias followed by a BatchNorm, which removes any shift), so their update is
+/// rounding noise and a ratio to it means nothing; they are compared with the largest update.
+pub struct PerTensor {
+    pub worst: f64,
+    pub tensor: String,
+    /// The worst difference among the set-apart tensors, relative to the largest update.
+    pub zero_grad_worst: f64,
+}
+
+pub fn rel_diff_per_tensor(
+    a: &HashMap<String, Tensor>,
+    b: &HashMap<String, Tensor>,
+    reference: &HashMap<String, Tensor>,
+    init: &HashMap<String, Tensor>,
+) -> PerTensor {
+    let is_param = |k: &str| !k.contains("running_") && !k.ends_with("num_batches_tracked");
+    let updates: Vec<(&String, f64)> = reference
+        .iter()
+        .filter(|(k, _)| is_param(k))
+        .map(|(k, t)| (k, max_abs_diff(t, &init[k])))
+        .collect();
+    let largest = updates.iter().map(|u| u.1).fold(0.0, f64::max);
+    assert!(largest > 0.0, "the reference run changed no parameter");
+    let mut out = PerTensor {
+        worst: 0.0,
+        tensor: String::new(),
+        zero_grad_worst: 0.0,
+    };
+    for (k, update) in updates {
+        let d = max_abs_diff(&a[k], &b[k]);
+        if update < 1e-3 * largest {
+            out.zero_grad_worst = out.zero_grad_worst.max(d / largest);
+        } else if d / update >= out.worst {
+            (out.worst, out.tensor) = (d / update, k.clone());
+        }
+    }
+    out
+}
