@@ -52,6 +52,10 @@ struct rt_work {
   c10::intrusive_ptr<c10d::Work> work;
 };
 
+struct rt_store {
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
 namespace {
 // A listening TCP socket on host:port (the first of the host's addresses that binds).
 int listen_on(const std::string& host, int port) {
@@ -190,6 +194,25 @@ rt_work* rt_pg_allgather(rt_pg* pg, at::Tensor* out, at::Tensor* in) {
 rt_work* rt_pg_barrier(rt_pg* pg) {
   return rt_guard<rt_work*>([&]() -> rt_work* { return new rt_work{pg->backend->barrier()}; }, nullptr);
 }
+
+// The watchdog's own connection to the job's store (a c10d store client is one socket, and the
+// training thread's is busy in the rendezvous), with its own timeout: a stopped master then
+// fails the watchdog's call after `timeout_ms` instead of holding it.
+rt_store* rt_store_clone(rt_pg* pg, int64_t timeout_ms) {
+  return rt_guard<rt_store*>([&]() -> rt_store* {
+    auto s = std::make_unique<rt_store>();
+    s->store = pg->store->clone();
+    s->store->setTimeout(std::chrono::milliseconds(timeout_ms));
+    return s.release();
+  }, nullptr);
+}
+
+// Adds `delta` to the counter `key` and returns its new value (delta 0 reads it); -1 on failure.
+int64_t rt_store_add(rt_store* s, const char* key, int64_t delta) {
+  return rt_guard<int64_t>([&]() -> int64_t { return s->store->add(key, delta); }, -1);
+}
+
+void rt_store_free(rt_store* s) { delete s; }
 
 int rt_work_wait(rt_work* w) {
   int rc = rt_guard<int>([&]() -> int { return w->work->wait() ? 0 : -1; }, -1);

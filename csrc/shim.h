@@ -109,6 +109,12 @@ int rt_nccl_available(void);
 rt_pg* rt_pg_new(const char* backend, const char* master_addr, const char* local_addr, int port, int rank,
                  int world, int64_t timeout_ms, int cuda_device);
 void rt_pg_free(rt_pg* pg);
+// A second client of the group's store (for the watchdog thread), its calls bounded by timeout_ms.
+typedef struct rt_store rt_store;
+rt_store* rt_store_clone(rt_pg* pg, int64_t timeout_ms);
+// Adds delta to the counter key and returns the new value (delta 0 reads it); -1 on failure.
+int64_t rt_store_add(rt_store* s, const char* key, int64_t delta);
+void rt_store_free(rt_store* s);
 // Collectives start asynchronously and return a work handle (null on failure);
 // rt_work_wait waits for it, frees it, and returns 0 or -1. op: 0 = sum, 1 = max, 2 = min.
 rt_work* rt_pg_allreduce(rt_pg* pg, rt_tensor* t, int op);

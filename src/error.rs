@@ -27,10 +27,32 @@ pub fn is_user_error(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.is::<UserError>())
 }
 
-/// The first line of a message: libtorch's errors append a C++ stack trace after it.
-pub fn first_line(msg: &str) -> &str {
+/// The first line of a message: libtorch's errors append a C++ stack trace after it, and Gloo's
+/// start with the source file that raised them (`[/pytorch/third_party/gloo/...cc:78] `).
+pub fn first_line(msg: &str) -> String {
     let line = msg.lines().next().unwrap_or("").trim_end();
-    line.split(" (Exception raised from").next().unwrap_or(line)
+    let line = line.split(" (Exception raised from").next().unwrap_or(line);
+    without_source_locations(line)
+}
+
+/// `msg` less every `[path/file.cc:NN] ` a C++ library put in it.
+fn without_source_locations(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(start) = rest.find('[') {
+        let Some(len) = rest[start..].find("] ") else { break };
+        let inside = &rest[start + 1..start + len];
+        let is_location = inside.contains('/')
+            && [".cc:", ".cpp:", ".h:", ".hpp:"].iter().any(|ext| inside.contains(ext))
+            && !inside.contains(' ');
+        out.push_str(&rest[..start]);
+        if !is_location {
+            out.push_str(&rest[start..start + len + 2]);
+        }
+        rest = &rest[start + len + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A panic (a bug) then ends in one line that says where, not in a backtrace.
@@ -48,4 +70,19 @@ pub fn report_panics_in_one_line() {
             .unwrap_or_default();
         eprintln!("error: internal error{at}: {} (please report it)", first_line(&msg));
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_lines_lose_stack_traces_and_source_locations() {
+        assert_eq!(
+            first_line("all-reduce failed: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv operation to complete\nmore"),
+            "all-reduce failed: Timed out waiting 20000ms for recv operation to complete"
+        );
+        assert_eq!(first_line("bad value (Exception raised from f at x.cpp:3)"), "bad value");
+        assert_eq!(first_line("[rank 1] kept [as is] "), "[rank 1] kept [as is]");
+    }
 }

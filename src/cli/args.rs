@@ -278,6 +278,10 @@ pub struct DistArgs {
     /// staged through the host: several ranks may then share one GPU).
     #[arg(long, default_value_t = Backend::Auto)]
     pub dist_backend: Backend,
+    /// Restart this node's workers with --resume auto when one fails, up to N times (torchrun's
+    /// --max-restarts); a rejected input (exit code 2) is never retried.
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: usize,
 }
 
 impl From<&DistArgs> for DistOptions {
@@ -294,6 +298,7 @@ impl From<&DistArgs> for DistOptions {
             grad_compress: a.grad_compress,
             overlap: !a.no_grad_overlap,
             backend: a.dist_backend,
+            max_restarts: a.max_restarts,
         }
     }
 }

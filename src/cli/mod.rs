@@ -465,7 +465,8 @@ pub fn main() -> i32 {
             2
         }
         Err(e) => {
-            eprintln!("error: {}", first_line(&format!("{e:#}")));
+            // A collective that failed because a peer hung: the watchdog names the peer first.
+            eprintln!("error: {}", crate::dist::watchdog::explain(&first_line(&format!("{e:#}"))));
             1
         }
     }

@@ -23,6 +23,22 @@ use anyhow::{Context, Result};
 pub const LAUNCHED_VAR: &str = "RINGTRAIN_LAUNCHED";
 /// The CUDA device (index among the visible ones) a launched worker must use (`--devices`).
 pub const DEVICE_VAR: &str = "RINGTRAIN_CUDA_DEVICE";
+/// How often the workers were restarted before this start (torchrun's is
+/// TORCHELASTIC_RESTART_COUNT, read too).
+pub const RESTARTS_VAR: &str = "RINGTRAIN_RESTART_COUNT";
+
+/// The restart count a launcher gave this worker (0 on the first start).
+pub fn restart_count() -> Result<usize> {
+    for var in [RESTARTS_VAR, "TORCHELASTIC_RESTART_COUNT"] {
+        if let Ok(v) = std::env::var(var) {
+            return v
+                .trim()
+                .parse()
+                .map_err(|_| crate::error::user_error(format!("environment variable {var}={v:?} is not a count")));
+        }
+    }
+    Ok(0)
+}
 
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
@@ -33,6 +49,8 @@ pub struct LaunchSpec {
     pub master_port: u16,
     /// CUDA device for each local rank (`--devices 1,3`).
     pub devices: Option<Vec<usize>>,
+    /// Restarts after a worker fails (`--max-restarts`).
+    pub max_restarts: usize,
 }
 
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -74,7 +92,67 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let (mut children, readers) = spawn_workers(spec, args)?;
+    let mut restarts = 0;
+    loop {
+        let argv = match restarts {
+            0 => args.to_vec(),
+            _ => resuming(args),
+        };
+        let f = match run_workers(spec, &argv, restarts)? {
+            Outcome::Ended(code) => return Ok(code),
+            Outcome::Failed(f) => f,
+        };
+        if restarts < spec.max_restarts && !f.stopping {
+            restarts += 1;
+            eprintln!(
+                "restart {restarts} of {}: worker rank {} (pid {}) {}; starting this node's {} workers again with --resume auto",
+                spec.max_restarts,
+                f.rank,
+                f.pid,
+                describe(f.status),
+                spec.nproc_per_node
+            );
+            continue;
+        }
+        // NCCL's watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, see csrc/dist.cpp) ends a rank with
+        // SIGABRT when a collective fails or outlasts the timeout: say so, it is not a crash.
+        let why = if f.status.signal() == Some(libc::SIGABRT) {
+            " — under NCCL its watchdog aborts a rank whose collective failed or outlasted --dist-timeout \
+             (a peer died or hung; the ranks' lines above say which), otherwise libtorch stopped on an internal error"
+        } else {
+            ""
+        };
+        let others = match f.others.is_empty() {
+            true => String::new(),
+            false => format!("; stopped the others ({})", f.others.join(", ")),
+        };
+        eprintln!("error: worker rank {} (pid {}) {}{why}{others}", f.rank, f.pid, describe(f.status));
+        return Ok(1);
+    }
+}
+
+/// How one start of the workers ended.
+enum Outcome {
+    /// The launcher's exit code: 0, 2 (a rejected input: never retried, as the same input fails
+    /// the same way; its `error:` line is the message), or 128 + a signal forwarded to them.
+    Ended(i32),
+    /// A worker failed otherwise; the others were stopped.
+    Failed(Failure),
+}
+
+struct Failure {
+    rank: usize,
+    pid: u32,
+    status: ExitStatus,
+    /// How each other worker ended.
+    others: Vec<String>,
+    /// The launcher was asked to stop (SIGTERM, Ctrl-C) meanwhile: no restart.
+    stopping: bool,
+}
+
+/// Starts this node's workers and waits for all of them.
+fn run_workers(spec: &LaunchSpec, args: &[String], restarts: usize) -> Result<Outcome> {
+    let (mut children, readers) = spawn_workers(spec, args, restarts)?;
     let Ended {
         status,
         first_failure,
@@ -84,38 +162,33 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
         let _ = r.join();
     }
     let Some((rank, pid, s)) = first_failure else {
-        return Ok(forwarded.map(|f| 128 + f).unwrap_or(0));
+        return Ok(Outcome::Ended(forwarded.map(|f| 128 + f).unwrap_or(0)));
     };
-    // The first to fail rejected the input (exit code 2, a user error) and said why: that line
-    // is the message, whether the others found the same or were stopped first.
     if s.code() == Some(2) {
-        return Ok(2);
+        return Ok(Outcome::Ended(2));
     }
-    let others: Vec<String> = children
+    let others = children
         .iter()
         .zip(&status)
         .filter(|((r, _), _)| *r != rank)
         .map(|((r, _), s)| format!("rank {r} {}", s.map(describe).unwrap_or_default()))
         .collect();
-    // NCCL's watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, see csrc/dist.cpp) ends a rank with
-    // SIGABRT when a collective fails or outlasts the timeout: say so, it is not a crash.
-    let why = if s.signal() == Some(libc::SIGABRT) {
-        " — under NCCL its watchdog aborts a rank whose collective failed or outlasted --dist-timeout \
-         (a peer died or hung; the ranks' lines above say which), otherwise libtorch stopped on an internal error"
-    } else {
-        ""
-    };
-    eprintln!(
-        "error: worker rank {rank} (pid {pid}) {}{why}; stopped the others ({})",
-        describe(s),
-        others.join(", ")
-    );
-    Ok(1)
+    Ok(Outcome::Failed(Failure {
+        rank,
+        pid,
+        status: s,
+        others,
+        stopping: forwarded.is_some(),
+    }))
 }
 
 /// Starts this node's workers, each with its rank's environment; their output lines go through
 /// with a `[rank N]` prefix (an `error:` line that another rank printed already, once).
-fn spawn_workers(spec: &LaunchSpec, args: &[String]) -> Result<(Vec<(usize, Child)>, Vec<JoinHandle<()>>)> {
+fn spawn_workers(
+    spec: &LaunchSpec,
+    args: &[String],
+    restarts: usize,
+) -> Result<(Vec<(usize, Child)>, Vec<JoinHandle<()>>)> {
     let exe = std::env::current_exe().context("finding the ringtrain executable")?;
     let world = spec.nproc_per_node * spec.nnodes;
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -133,6 +206,7 @@ fn spawn_workers(spec: &LaunchSpec, args: &[String]) -> Result<(Vec<(usize, Chil
             .env("MASTER_ADDR", &spec.master_addr)
             .env("MASTER_PORT", spec.master_port.to_string())
             .env(LAUNCHED_VAR, "1")
+            .env(RESTARTS_VAR, restarts.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -201,6 +275,9 @@ fn wait_for_workers(children: &mut [(usize, Child)]) -> Result<Ended> {
     let mut kill_deadline: Option<Instant> = None;
     let signal_all = |children: &[(usize, Child)], status: &Vec<Option<ExitStatus>>, sig: i32| {
         for ((_, c), s) in children.iter().zip(status) {
+            // A stopped worker (SIGSTOP, a hung peer) would keep a SIGTERM pending forever and
+            // could not save anyway: it is killed.
+            let sig = if sig == libc::SIGTERM && is_stopped(c.id()) { libc::SIGKILL } else { sig };
             if s.is_none() {
                 unsafe { libc::kill(c.id() as i32, sig) };
             }
@@ -241,4 +318,43 @@ fn wait_for_workers(children: &mut [(usize, Child)]) -> Result<Ended> {
         first_failure,
         forwarded,
     })
+}
+
+/// Whether process `pid` is stopped (state T in /proc/PID/stat, after the command's name).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+        .unwrap_or(false)
+}
+
+/// The workers' arguments for a restart: `--resume auto` in place of any `--resume` given, so
+/// each restart continues from the run's last checkpoint (or starts anew when none was saved).
+fn resuming(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len() + 2);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--resume" => {
+                it.next();
+            }
+            _ if a.starts_with("--resume=") => {}
+            _ => out.push(a.clone()),
+        }
+    }
+    out.extend(["--resume".to_string(), "auto".to_string()]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restart_resumes_from_the_last_checkpoint() {
+        let v = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(resuming(&v("train --out r --epochs 3")), v("train --out r --epochs 3 --resume auto"));
+        assert_eq!(resuming(&v("train --resume r/best --out r")), v("train --out r --resume auto"));
+        assert_eq!(resuming(&v("train --resume=r/last --out r")), v("train --out r --resume auto"));
+    }
 }

@@ -8,6 +8,7 @@ pub mod network;
 pub mod plan;
 pub mod process_group;
 pub mod reducer;
+pub mod watchdog;
 
 use std::time::Duration;
 
@@ -16,8 +17,12 @@ use tch::Device;
 
 use crate::error::user_error;
 
-/// How long a collective or the rendezvous may take before it is an error (`--dist-timeout`).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+/// How long a collective or the rendezvous may take before it is an error (`--dist-timeout`):
+/// 10 minutes, PyTorch's default for NCCL (its Gloo default is 30). The longest wait a healthy
+/// run has between two collectives is rank 0 writing an epoch's checkpoints and report while the
+/// others wait at the barrier; a hung peer is named by the watchdog within 30 s anyway, so a
+/// longer timeout only keeps a broken job's nodes busy for longer.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How a worker joins its job (`plan`).
 #[derive(Debug, Clone)]
@@ -33,6 +38,9 @@ pub struct DistSetup {
     pub sync_bn: bool,
     /// `--dist-backend`.
     pub backend: process_group::Backend,
+    /// How often the launcher restarted this job's workers before this start (counted in
+    /// metrics.json).
+    pub restarts: usize,
 }
 
 /// Joins the job as the rank `env` describes: its CUDA device made current (see

@@ -34,6 +34,8 @@ pub struct DistOptions {
     /// Gradient all-reduce launched during backward (off: `--no-grad-overlap`).
     pub overlap: bool,
     pub backend: Backend,
+    /// Restarts of this node's workers after a failure (`--max-restarts`).
+    pub max_restarts: usize,
 }
 
 pub enum Plan {
@@ -65,6 +67,7 @@ pub fn plan(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<Plan> 
             overlap: o.overlap,
             sync_bn,
             backend: o.backend,
+            restarts: launcher::restart_count()?,
         }));
     }
     if std::env::var_os(launcher::LAUNCHED_VAR).is_some() {
@@ -108,7 +111,7 @@ pub fn plan(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<Plan> 
             o.node_rank, o.nnodes
         )));
     }
-    if nproc == 1 && o.nnodes == 1 {
+    if nproc == 1 && o.nnodes == 1 && o.max_restarts == 0 {
         return Ok(Plan::Single);
     }
     if o.nnodes > 1 && o.master_addr.is_none() {
@@ -126,6 +129,7 @@ pub fn plan(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<Plan> 
         master_addr: o.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
         master_port,
         devices: o.devices.clone(),
+        max_restarts: o.max_restarts,
     }))
 }
 
@@ -146,6 +150,7 @@ mod tests {
             grad_compress: WirePrecision::Off,
             overlap: true,
             backend: Backend::Auto,
+            max_restarts: 0,
         }
     }
 

@@ -85,7 +85,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
     let report = match is_main {
         true => {
             let title = format!("{} — {}", state.model, o.data.display());
-            Some(write_evaluation(&out, &state.classes, &result, &title)?)
+            Some(write_evaluation(&out, &state.classes, &result, &title, Default::default())?)
         }
         false => None,
     };

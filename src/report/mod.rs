@@ -17,11 +17,18 @@ use classification::ClassificationReport;
 
 /// Writes an evaluation's outputs into `dir`: report.txt (sklearn's layout), metrics.json (loss,
 /// top-1, top-5, counts and the report as sklearn's output_dict), confusion.csv, confusion.png.
-pub fn write_evaluation(dir: &Path, classes: &[String], ev: &EvalResult, title: &str) -> Result<ClassificationReport> {
+/// `extra`: more top-level keys of metrics.json (a training run's restarts).
+pub fn write_evaluation(
+    dir: &Path,
+    classes: &[String],
+    ev: &EvalResult,
+    title: &str,
+    extra: serde_json::Map<String, serde_json::Value>,
+) -> Result<ClassificationReport> {
     std::fs::create_dir_all(dir)?;
     let report = ClassificationReport::new(classes, &ev.targets, &ev.preds);
     atomic::write_file(&dir.join("report.txt"), report.to_text().as_bytes())?;
-    let metrics = json!({
+    let mut metrics = json!({
         "loss": ev.loss,
         "top1": ev.top1,
         "top5": ev.top5,
@@ -31,6 +38,7 @@ pub fn write_evaluation(dir: &Path, classes: &[String], ev: &EvalResult, title: 
         "confusion_matrix": report.confusion,
         "classes": classes,
     });
+    metrics.as_object_mut().expect("an object").extend(extra);
     atomic::write_file(
         &dir.join("metrics.json"),
         serde_json::to_string_pretty(&metrics)?.as_bytes(),

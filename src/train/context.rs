@@ -7,6 +7,7 @@ use anyhow::Result;
 use super::trainer::DdpOptions;
 use crate::config::TrainConfig;
 use crate::dist::process_group::ProcessGroup;
+use crate::dist::watchdog::Watchdog;
 use crate::dist::DistSetup;
 use crate::error::user_error;
 use crate::model::batchnorm::{sync_batch_norm, SyncBatchNormGuard};
@@ -20,6 +21,8 @@ pub struct RankContext {
     /// How the job was launched, for the banner (None when alone).
     pub dist: Option<DistSetup>,
     pub cores: usize,
+    /// Names a peer that stops answering (None when alone).
+    _watchdog: Option<Watchdog>,
 }
 
 impl RankContext {
@@ -37,6 +40,10 @@ impl RankContext {
         if !pg.is_main() {
             crate::report::progress::set_quiet(true); // only rank 0 reports; errors still go to stderr
         }
+        let _watchdog = match dist {
+            Some(d) => Watchdog::start(&pg, d.timeout)?,
+            None => None,
+        };
         let world = pg.world_size;
         if cfg.batch_size % world != 0 {
             return Err(user_error(format!(
@@ -60,6 +67,7 @@ impl RankContext {
             rank_batch: cfg.batch_size / world,
             dist: dist.cloned(),
             cores,
+            _watchdog,
         })
     }
 
@@ -69,6 +77,11 @@ impl RankContext {
 
     pub fn world(&self) -> usize {
         self.pg.world_size
+    }
+
+    /// How often a launcher restarted this job's workers before this start.
+    pub fn restarts(&self) -> usize {
+        self.dist.as_ref().map_or(0, |d| d.restarts)
     }
 
     /// Data threads: `--workers`, else this rank's share of the node's cores.

@@ -57,7 +57,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     if let Some(done) = resume.finished(cfg) {
         return Ok(done);
     }
-    let run_dir = RunDir::prepare(cfg, &data.classes, ctx.is_main(), ctx.world(), resume.is_new_run())?;
+    let run_dir = RunDir::prepare(cfg, &data.classes, &ctx, resume.is_new_run())?;
     let pretrained = cfg.pretrained.as_deref().filter(|_| resume.is_new_run());
     let (classes, steps_per_epoch) = (data.num_classes(), data.steps_per_epoch());
     let mut t = Trainer::new(cfg, classes, steps_per_epoch, ctx.pg.clone(), ctx.ddp_options(), pretrained)?;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::checkpoint::{self, CheckpointState};
+use super::context::RankContext;
 use super::meter::EpochMeter;
 use super::state::{RunState, Validation};
 use super::trainer::Trainer;
@@ -28,19 +29,23 @@ pub struct RunDir {
     writes: bool,
     /// Ranks of the job, recorded in every checkpoint.
     world: usize,
+    /// Restarts of the job's workers by a launcher (`--max-restarts`), in metrics.json.
+    restarts: usize,
 }
 
 impl RunDir {
     /// Makes `cfg.out` ready: an earlier run's outputs removed for a new run (preflight refused
     /// them unless `--overwrite`, or `--resume auto` found no checkpoint), temporary files of a
     /// killed write removed, config.toml written.
-    pub fn prepare(cfg: &TrainConfig, classes: &[String], is_main: bool, world: usize, new_run: bool) -> Result<Self> {
+    pub fn prepare(cfg: &TrainConfig, classes: &[String], ctx: &RankContext, new_run: bool) -> Result<Self> {
+        let (is_main, world) = (ctx.is_main(), ctx.world());
         let dir = RunDir {
             path: cfg.out.clone(),
             cfg: cfg.clone(),
             classes: classes.to_vec(),
             writes: is_main,
             world,
+            restarts: ctx.restarts(),
         };
         if !is_main {
             return Ok(dir);
@@ -124,6 +129,7 @@ impl RunDir {
                 classes,
                 best,
                 &format!("{} — validation, best epoch {best_epoch}", self.cfg.model),
+                [("restarts".to_string(), self.restarts.into())].into_iter().collect(),
             ),
             false => Ok(ClassificationReport::new(classes, &best.targets, &best.preds)),
         }

@@ -219,6 +219,7 @@ impl Trainer {
             let mut graph = self.graph.take().expect("checked above");
             let result = self.graph_step(&mut graph, x, y, state, meter);
             self.graph = Some(graph);
+            crate::dist::watchdog::record_step(state.global_step as u64);
             return result.map(|_| true);
         }
         self.micro_step(x, y, pos, meter)?;
@@ -226,6 +227,7 @@ impl Trainer {
             return Ok(false); // gradients keep accumulating; no all-reduce until the group's last
         }
         self.optimizer_step(state, meter)?;
+        crate::dist::watchdog::record_step(state.global_step as u64);
         Ok(true)
     }
 
