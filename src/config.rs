@@ -113,6 +113,11 @@ pub struct TrainConfig {
     pub no_bn_weight_decay: bool,
     /// Also save `last` every N optimizer steps (mid-epoch), not only at epoch ends.
     pub save_every_steps: Option<usize>,
+    /// Also save `last` once M minutes have passed since the last save (agreed by all ranks at
+    /// the stop check, every 10th step when distributed).
+    pub save_every_minutes: Option<f64>,
+    /// On SIGUSR1 or SIGTERM: save, ask Slurm to requeue the job (`scontrol requeue`), exit 0.
+    pub requeue: bool,
     /// Keep the checkpoints of the last N epochs as epoch-NNNN/ besides last/ and best/.
     pub keep: usize,
     /// Clip gradients to this global L2 norm.
@@ -236,6 +241,8 @@ impl Default for TrainConfig {
             accum_steps: 1,
             no_bn_weight_decay: false,
             save_every_steps: None,
+            save_every_minutes: None,
+            requeue: false,
             keep: 0,
             clip_grad_norm: None,
             mixup_alpha: 0.0,
@@ -524,6 +531,11 @@ impl TrainConfig {
         }
         if self.save_every_steps == Some(0) {
             bail_user!("--save-every-steps must be at least 1");
+        }
+        if let Some(m) = self.save_every_minutes {
+            if !positive(m) {
+                bail_user!("--save-every-minutes must be positive, got {m}");
+            }
         }
         Ok(())
     }

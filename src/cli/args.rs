@@ -538,6 +538,13 @@ pub struct TrainArgs {
     /// Save last/ every N optimizer steps too, not only at epoch ends.
     #[arg(long)]
     pub save_every_steps: Option<usize>,
+    /// Save last/ every M minutes too (checked every 10th step when distributed).
+    #[arg(long)]
+    pub save_every_minutes: Option<f64>,
+    /// On SIGUSR1 (Slurm's --signal=USR1@90) or SIGTERM: save last/, requeue the Slurm job
+    /// (scontrol requeue $SLURM_JOB_ID), exit 0. Run the job's command with --resume auto.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub requeue: Option<bool>,
     /// Keep the last N epochs' checkpoints as epoch-NNNN/.
     #[arg(long)]
     pub keep: Option<usize>,

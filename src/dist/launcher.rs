@@ -1,8 +1,10 @@
 //! The built-in launcher (`--nproc-per-node N`): starts N workers of this same binary with the
 //! same arguments, each with torchrun's environment variables, like `torch.multiprocessing.spawn`.
 //! - Output: each line prefixed with `[rank R]`; only rank 0 prints progress (the workers decide).
-//! - Signals: SIGINT and SIGTERM are forwarded to the workers, which save a checkpoint and exit
-//!   with 128 + the signal; the launcher then exits with that code too.
+//! - Signals: SIGINT, SIGTERM and SIGUSR1 are forwarded to the workers, which save a checkpoint
+//!   and exit with 128 + the signal (0 with `--requeue`); the launcher then exits with that code.
+//! - Restarts (`--max-restarts N`): when a worker fails for a reason other than its input, the
+//!   others are stopped and all are started again with `--resume auto`, up to N times.
 //! - Failure: when a worker fails, the others get SIGTERM (SIGKILL 10 s later), and the launcher
 //!   exits non-zero naming the rank and how it ended. Workers die with the launcher (PDEATHSIG).
 //!   A bad input is found by every worker alike: its `error:` line is shown once, from the first
@@ -91,6 +93,7 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGUSR1, on_signal as *const () as libc::sighandler_t);
     }
     let mut restarts = 0;
     loop {
@@ -162,7 +165,9 @@ fn run_workers(spec: &LaunchSpec, args: &[String], restarts: usize) -> Result<Ou
         let _ = r.join();
     }
     let Some((rank, pid, s)) = first_failure else {
-        return Ok(Outcome::Ended(forwarded.map(|f| 128 + f).unwrap_or(0)));
+        // Stopped by a forwarded signal: 128 + it, unless the workers ended well (`--requeue`).
+        let all_ok = status.iter().all(|s| s.is_some_and(|s| s.success()));
+        return Ok(Outcome::Ended(forwarded.filter(|_| !all_ok).map(|f| 128 + f).unwrap_or(0)));
     };
     if s.code() == Some(2) {
         return Ok(Outcome::Ended(2));

@@ -64,7 +64,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let mut state = resume.restore_into(&mut t, cfg, &run_dir)?;
     let _sync_bn = ctx.sync_batch_norm(cfg);
     let mut out = Reporter::new(cfg, &ctx, &run_dir, &t, &data)?;
-    let stop = StopRequest::install()?;
+    let stop = StopRequest::install(cfg.requeue)?;
     for epoch in state.first_epoch..cfg.epochs {
         let mut meter = EpochMeter::start(state.take_position(), t.pg());
         state.lr = t.lr(&state);
@@ -81,12 +81,12 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
                 t.check_divergence(&run_dir.last_good())?; // every rank at the same steps
             }
             out.step(&t, &state, &meter)?;
-            let signal = stop.agreed(t.pg(), state.global_step % 10 == 0)?;
-            if signal.is_some() || state.save_due(cfg, meter.steps, steps_per_epoch) {
+            let agreed = stop.agreed(t.pg(), state.global_step % 10 == 0, run_dir.minutes_due())?;
+            if agreed.signal.is_some() || agreed.save || state.save_due(cfg, meter.steps, steps_per_epoch) {
                 run_dir.save_position(&t, &state, &meter, epoch)?;
             }
-            if let Some(sig) = signal {
-                return Ok(out.interrupted(&state, &run_dir, sig));
+            if let Some(sig) = agreed.signal {
+                return Ok(out.interrupted(&state, &run_dir, sig, stop.requeue(ctx.is_main())));
             }
         }
         out.end_steps();
@@ -98,8 +98,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         run_dir.end_epoch(&t, &state, improved, &val)?;
         out.epoch(&state, &train, &val, comm_share)?;
         // A signal that came during validation: the epoch's checkpoint is saved, stop here.
-        if let Some(sig) = stop.agreed(t.pg(), true)? {
-            return Ok(out.interrupted(&state, &run_dir, sig));
+        if let Some(sig) = stop.agreed(t.pg(), true, false)?.signal {
+            return Ok(out.interrupted(&state, &run_dir, sig, stop.requeue(ctx.is_main())));
         }
         if state.should_stop_early(cfg) {
             break;

@@ -182,7 +182,8 @@ impl Reporter {
     }
 
     /// A stop request ended the run; its checkpoint is saved.
-    pub fn interrupted(&mut self, state: &RunState, run_dir: &RunDir, sig: i32) -> RunSummary {
+    /// `requeued`: the job was handed back to Slurm (`--requeue`), an end with exit code 0.
+    pub fn interrupted(&mut self, state: &RunState, run_dir: &RunDir, sig: i32, requeued: bool) -> RunSummary {
         self.end_steps();
         say!(
             "stopped by signal {sig}: checkpoint saved in {}; continue with --resume auto",
@@ -191,7 +192,7 @@ impl Reporter {
         RunSummary {
             best_epoch: state.best.map(|b| b.0).unwrap_or(0),
             report: None,
-            interrupted: Some(sig),
+            interrupted: Some(sig).filter(|_| !requeued),
         }
     }
 

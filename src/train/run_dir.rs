@@ -3,7 +3,9 @@
 //! metrics.csv, and the final report of the best epoch. Each write is atomic; metrics.csv is
 //! written last in an epoch, so a current metrics.csv tells a resumed run that the epoch's
 //! outputs are all there.
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 
@@ -31,6 +33,8 @@ pub struct RunDir {
     world: usize,
     /// Restarts of the job's workers by a launcher (`--max-restarts`), in metrics.json.
     restarts: usize,
+    /// When `last` was saved (or the run started), for `--save-every-minutes`.
+    saved_at: Cell<Instant>,
 }
 
 impl RunDir {
@@ -46,6 +50,7 @@ impl RunDir {
             writes: is_main,
             world,
             restarts: ctx.restarts(),
+            saved_at: Cell::new(Instant::now()),
         };
         if !is_main {
             return Ok(dir);
@@ -64,6 +69,14 @@ impl RunDir {
         Ok(dir)
     }
 
+    /// Whether `--save-every-minutes` have passed since the last save (this rank's clock; the
+    /// ranks agree on it before saving).
+    pub fn minutes_due(&self) -> bool {
+        self.cfg
+            .save_every_minutes
+            .is_some_and(|m| self.saved_at.get().elapsed().as_secs_f64() >= m * 60.0)
+    }
+
     /// The checkpoint to resume from after a failure, as a message names it.
     pub fn last_good(&self) -> String {
         let last = self.path.join("last");
@@ -76,6 +89,7 @@ impl RunDir {
     /// A checkpoint inside epoch `epoch` (0-based), for a stop request or `--save-every-steps`;
     /// on every rank (the position is summed over ranks), and no rank leaves before it is saved.
     pub fn save_position(&self, t: &Trainer, state: &RunState, meter: &EpochMeter, epoch: usize) -> Result<()> {
+        self.saved_at.set(Instant::now()); // on every rank: their clocks must agree on the next
         t.check_divergence(&self.last_good())?;
         let pos = meter.position(t.pg())?;
         if self.writes {
@@ -95,6 +109,7 @@ impl RunDir {
     /// An epoch's outputs: last/, best/ when it improved, epoch-NNNN/ with `--keep`, the curves,
     /// the per-epoch report when asked, and metrics.csv last.
     pub fn end_epoch(&self, t: &Trainer, state: &RunState, improved: bool, val: &Validation) -> Result<()> {
+        self.saved_at.set(Instant::now());
         if !self.writes {
             return Ok(());
         }
