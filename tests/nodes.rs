@@ -317,3 +317,43 @@ fn two_nodes_train_as_one_process_under_three_launchers_with_no_interface_variab
         assert!(!outs[1].join("last").exists(), "{how}: only rank 0 writes");
     }
 }
+
+/// The link cut mid-epoch (`ip link set ... down` on node 1): neither node hears from the other
+/// again. Each names the peer that stopped answering (node 0 the rank, node 1 the master, which
+/// serves the store), and both exit non-zero within the timeout plus the watchdog's beat, with
+/// node 0's last/ intact.
+#[test]
+fn a_cut_link_ends_both_nodes_naming_the_silent_peer() {
+    const TIMEOUT: u64 = 16;
+    let Some(nodes) = Nodes::new() else { return };
+    let d = data();
+    let port = 29300 + (std::process::id() % 500) as u16;
+    let outs = [d.root.join("cut0"), d.root.join("cut1")];
+    let children = [0, 1].map(|i| {
+        let flags = format!(
+            "--nnodes 2 --node-rank {i} --nproc-per-node 1 --master-addr {} --master-port {port} --dist-timeout {TIMEOUT} \
+             --epochs 400 --save-every-steps 3",
+            nodes.addr[0]
+        );
+        let mut a = train_args(&d, &outs[i], &flags);
+        let e = a.iter().position(|x| x == "--epochs").unwrap();
+        a.drain(e..e + 2); // the first --epochs (2) gives way to the one above
+        nodes.start(i, &a, &[])
+    });
+    let t0 = Instant::now();
+    while !outs[0].join("last/state.json").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the job did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    nodes.link(1, false);
+    let cut = Instant::now();
+    let [(o0, _), (o1, _)] = wait_both(children, Duration::from_secs(TIMEOUT + 60));
+    let took = cut.elapsed();
+    let (t0, t1) = (text(&o0), text(&o1));
+    eprintln!("node 0:\n{t0}\nnode 1:\n{t1}\nboth ended {took:.1?} after the cut");
+    assert!(!o0.status.success() && !o1.status.success(), "node 0:\n{t0}\nnode 1:\n{t1}");
+    assert!(t0.contains("error: rank 1 stopped answering"), "node 0 names rank 1:\n{t0}");
+    assert!(t1.contains("error: rank 0 (the master, which serves the job's store) stopped answering"), "node 1 names the master:\n{t1}");
+    assert!(took < Duration::from_secs(TIMEOUT + 10), "took {took:?}");
+    weights(&outs[0]); // last/ whole
+}
