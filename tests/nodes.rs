@@ -105,14 +105,14 @@ impl Nodes {
         Ok(())
     }
 
-    /// ringtrain on node `i` with `args` and `envs`, no interface variable.
+    /// ringtrain on node `i` with `args` and `envs` (no interface variable unless `envs` sets one).
     fn start(&self, i: usize, args: &[String], envs: &[(&str, String)]) -> Child {
         Command::new("ip")
             .args(["netns", "exec", &self.ns[i], BIN])
             .args(args)
-            .envs(envs.iter().map(|(k, v)| (k, v)))
             .env_remove("GLOO_SOCKET_IFNAME")
             .env_remove("NCCL_SOCKET_IFNAME")
+            .envs(envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -356,4 +356,34 @@ fn a_cut_link_ends_both_nodes_naming_the_silent_peer() {
     assert!(t1.contains("error: rank 0 (the master, which serves the job's store) stopped answering"), "node 1 names the master:\n{t1}");
     assert!(took < Duration::from_secs(TIMEOUT + 10), "took {took:?}");
     weights(&outs[0]); // last/ whole
+}
+
+/// The mistake PyTorch users make by default, forced: both nodes told to talk over loopback
+/// (GLOO_SOCKET_IFNAME=lo), so neither can reach the other. Both end within the timeout (Gloo
+/// alone would wait a minute of its own), in ringtrain's words: no raw Gloo log line, the
+/// address given to the peers named, and what to change.
+#[test]
+fn nodes_that_cannot_reach_each_other_end_in_one_clear_line_each() {
+    const TIMEOUT: u64 = 10;
+    let Some(nodes) = Nodes::new() else { return };
+    let d = data();
+    let port = 29200 + (std::process::id() % 500) as u16;
+    let children = [0, 1].map(|i| {
+        let flags = format!(
+            "--nnodes 2 --node-rank {i} --nproc-per-node 1 --master-addr {} --master-port {port} --dist-timeout {TIMEOUT}",
+            nodes.addr[0]
+        );
+        nodes.start(i, &train_args(&d, &d.root.join(format!("lo{i}")), &flags), &[("GLOO_SOCKET_IFNAME", "lo".into())])
+    });
+    let [(o0, t0), (o1, t1)] = wait_both(children, Duration::from_secs(TIMEOUT + 60));
+    for (i, (o, took)) in [(o0, t0), (o1, t1)].iter().enumerate() {
+        let all = text(o);
+        eprintln!("node {i}, {took:.1?}:\n{all}");
+        assert!(!o.status.success(), "node {i}:\n{all}");
+        assert!(!all.contains("gloo/transport"), "node {i}: Gloo's raw lines reached the terminal:\n{all}");
+        assert!(all.contains("network: rank") && all.contains("over lo, GLOO_SOCKET_IFNAME=lo"), "node {i}:\n{all}");
+        let error = all.lines().find(|l| l.contains("error: rendezvous with the master")).unwrap_or_else(|| panic!("node {i}:\n{all}"));
+        assert!(error.contains("a loopback one (127.x) cannot be reached from another node"), "node {i}: {error}");
+        assert!(*took < Duration::from_secs(TIMEOUT + 10), "node {i} took {took:?}");
+    }
 }

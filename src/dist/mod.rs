@@ -8,6 +8,7 @@ pub mod network;
 pub mod plan;
 pub mod process_group;
 pub mod reducer;
+mod stderr;
 pub mod watchdog;
 
 use std::time::Duration;
@@ -53,6 +54,14 @@ pub fn join(
     timeout: Duration,
 ) -> Result<process_group::ProcessGroup> {
     let device = worker_device(device, env)?;
+    // Once per node, before the rendezvous (so a failing one shows it too): the interface its
+    // ranks talk on (each node's can differ).
+    if env.local_rank == 0 {
+        let var = backend.for_device(device)?.interface_variable();
+        let r = network::route_to_master(&env.master_addr, env.master_port, var)?;
+        let addr = r.addr.map(|a| format!(" ({a})")).unwrap_or_default();
+        println!("network: rank {} talks to its peers over {}{addr}, {}", env.rank, r.iface, r.why);
+    }
     let pg = process_group::ProcessGroup::new(
         backend,
         &env.master_addr,
@@ -62,14 +71,6 @@ pub fn join(
         timeout,
         device,
     )?;
-    // Once per node: the interface its ranks talk on (each node's can differ).
-    if let (0, Some(r)) = (env.local_rank, &pg.route) {
-        let addr = r.addr.map(|a| format!(" ({a})")).unwrap_or_default();
-        println!(
-            "network: rank {} talks to its peers over {}{addr}, {}",
-            env.rank, r.iface, r.why
-        );
-    }
     Ok(pg)
 }
 

@@ -14,7 +14,8 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use tch::{Device, Kind, Tensor};
 
-use super::network::{self, Route};
+use super::network;
+use super::stderr;
 use crate::error::user_error;
 
 #[repr(C)]
@@ -79,7 +80,7 @@ impl Backend {
     }
 
     /// The variable that names this backend's interface in PyTorch, with its value if set.
-    fn interface_variable(self) -> Option<(&'static str, String)> {
+    pub(crate) fn interface_variable(self) -> Option<(&'static str, String)> {
         let name = match self {
             Backend::Nccl => network::NCCL_VAR,
             _ => network::GLOO_VAR,
@@ -109,6 +110,34 @@ pub fn nccl_available() -> bool {
 
 fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
     t.as_ptr() as *mut _
+}
+
+/// Why ranks that met at the store may still fail to connect.
+const UNREACHABLE: &str = "each node's `network:` line names the address it gave its peers, and a loopback one (127.x) \
+     cannot be reached from another node (leave GLOO_SOCKET_IFNAME unset, or name the interface of the nodes' network)";
+
+/// Ends the process with `message` unless dropped within `after`: for a call into c10d that
+/// has no deadline of its own.
+struct Deadline(Option<std::sync::mpsc::Sender<()>>);
+
+impl Deadline {
+    fn start(after: Duration, message: String) -> Deadline {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(after) {
+                stderr::say_now(&format!("error: {message}"));
+                // The main thread is inside libtorch: end without running its destructors.
+                unsafe { libc::_exit(1) };
+            }
+        });
+        Deadline(Some(tx))
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        let _ = self.0.take().map(|tx| tx.send(()));
+    }
 }
 
 /// A collective in flight; `wait` blocks until it is done (or failed).
@@ -148,8 +177,6 @@ pub struct ProcessGroup {
     pub backend: Backend,
     /// Where every collective's tensors must live: the training device.
     pub device: Device,
-    /// The interface this rank reaches its peers on (None for a process alone).
-    pub route: Option<Route>,
 }
 
 // The handle is used from the training thread only; c10d's objects are thread-safe anyway.
@@ -185,7 +212,15 @@ impl ProcessGroup {
             CString::new(master_addr)?,
             CString::new(local)?,
         );
-        let pg = unsafe {
+        // Gloo waits for peers that registered but cannot be reached for a minute of its own,
+        // whatever the timeout: the rendezvous is held to `--dist-timeout` here.
+        let what = format!("rendezvous with the master at {master_addr}:{port} ({} backend, rank {rank} of {world_size})", backend.name());
+        let deadline = Deadline::start(timeout + Duration::from_secs(5), format!(
+            "{what} did not complete within --dist-timeout ({} s): the master did not answer, or the ranks could not \
+             reach each other ({UNREACHABLE})",
+            timeout.as_secs()
+        ));
+        let (pg, gloo_said) = stderr::captured(|| unsafe {
             rt_pg_new(
                 b.as_ptr(),
                 m.as_ptr(),
@@ -196,13 +231,17 @@ impl ProcessGroup {
                 timeout.as_millis() as i64,
                 cuda_index,
             )
-        };
+        })?;
+        drop(deadline);
+        stderr::pass_on(&gloo_said);
         if pg.is_null() {
-            bail!(
-                "rendezvous with the master at {master_addr}:{port} failed ({} backend, rank {rank} of {world_size}): {}",
-                backend.name(),
-                crate::shim::last_error_message().lines().next().unwrap_or("")
-            );
+            let why = crate::shim::last_error_message();
+            let why = why.lines().next().unwrap_or("");
+            let hint = match why.contains("connectFullMesh") {
+                true => format!(": the ranks reached the master's store but not each other ({UNREACHABLE})"),
+                false => String::new(),
+            };
+            bail!("{what} failed: {why}{hint}");
         }
         Ok(ProcessGroup {
             pg,
@@ -210,7 +249,6 @@ impl ProcessGroup {
             world_size,
             backend,
             device,
-            route: Some(route),
         })
     }
 
@@ -222,7 +260,6 @@ impl ProcessGroup {
             world_size: 1,
             backend: Backend::auto(device),
             device,
-            route: None,
         }
     }
 
