@@ -415,9 +415,9 @@ fn kill_a_worker_mid_epoch(sig: i32) -> String {
 
 #[test]
 fn a_rank_without_a_master_gives_up_clearly_within_the_timeout() {
+    // Nobody serves the store: a non-zero rank gives up after --dist-timeout. (A taken port for
+    // rank 0's store is a case of tests/robustness.rs.)
     let d = data(6); // 18 images: a full batch of 16 exists
-                     // Nobody serves the store: a non-zero rank gives up after --dist-timeout. (A taken port for
-                     // rank 0's store is a case of tests/robustness.rs.)
     let port = ringtrain::dist::launcher::free_port().unwrap().to_string();
     let t0 = Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_ringtrain"))

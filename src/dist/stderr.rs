@@ -25,8 +25,29 @@ pub fn say_now(line: &str) {
     unsafe { libc::write(fd, text.as_ptr() as *const libc::c_void, text.len()) };
 }
 
-/// Runs `f` with file descriptor 2 going into a pipe; returns its result and what it wrote.
+/// Whether a capture is on. fd 2 belongs to the whole process: ranks run as threads of one
+/// process (as in tests) rendezvous at the same time, and a second capture nested in the first
+/// would save the first's pipe as "the terminal", restore it at its end and leave the first's
+/// reader waiting for ever. So only the first captures; the others' lines go into its pipe.
+static CAPTURING: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
+/// Runs `f` with file descriptor 2 going into a pipe; returns its result and what it wrote
+/// (nothing when another thread's capture is on: that one gets it).
 pub fn captured<T>(f: impl FnOnce() -> T) -> Result<(T, String)> {
+    {
+        let mut on = CAPTURING.lock().unwrap_or_else(|e| e.into_inner());
+        if *on {
+            drop(on);
+            return Ok((f(), String::new()));
+        }
+        *on = true;
+    }
+    let result = capture_on(f);
+    *CAPTURING.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    result
+}
+
+fn capture_on<T>(f: impl FnOnce() -> T) -> Result<(T, String)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two descriptors, owned below.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -121,5 +142,28 @@ mod tests {
         // fd 2 is the test's stderr again: a write to it succeeds.
         let msg = b"";
         assert!(unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, 0) } >= 0);
+
+        // Two threads capturing at once (two ranks' rendezvous in one process): both return,
+        // and the one capture holds both lines. (In this one test: the capture is the process's.)
+        let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let (tx, rx) = std::sync::mpsc::channel();
+        for name in ["a", "b"] {
+            let (both, tx) = (both.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let (_, text) = captured(|| {
+                    both.wait();
+                    let msg = format!("from {name}\n");
+                    unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
+                    both.wait();
+                })
+                .unwrap();
+                tx.send(text).unwrap();
+            });
+        }
+        let wait = std::time::Duration::from_secs(20);
+        let mut texts = [rx.recv_timeout(wait).expect("a capture never ended"), rx.recv_timeout(wait).expect("a capture never ended")];
+        texts.sort();
+        assert_eq!(texts[0], "");
+        assert!(texts[1].contains("from a\n") && texts[1].contains("from b\n"), "{texts:?}");
     }
 }

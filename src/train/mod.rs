@@ -50,9 +50,11 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         RunLock::check_free(&cfg.out)?; // before preflight calls a live run's outputs finished
     }
     cfg.preflight()?;
-    let _held = writes.then(|| RunLock::acquire(&cfg.out)).transpose()?;
     let ctx = RankContext::new(cfg, dist)?;
     let data = TrainData::load(cfg, &ctx)?;
+    // Taken once the data is known good (a rejected run leaves no directory behind), before
+    // anything in the run directory is read or written.
+    let _held = writes.then(|| RunLock::acquire(&cfg.out)).transpose()?;
     let resume = Resume::find(cfg, &data.classes, ctx.world())?;
     if let Some(done) = resume.finished(cfg) {
         return Ok(done);
