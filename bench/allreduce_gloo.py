@@ -1,7 +1,7 @@
 """Time c10d's Gloo all-reduce of fp32 buckets between 2 ranks (the engine ringtrain's DDP runs
 on), one rank per call: python allreduce_gloo.py RANK MASTER_ADDR PORT MB [MB ...].
 Prints one line per bucket size: the median of 20 all-reduces after 3 warm-up ones."""
-import os, statistics, sys, time
+import statistics, sys, time
 from datetime import timedelta
 
 import torch

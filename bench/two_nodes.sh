@@ -61,6 +61,6 @@ for mode in after during; do
   for e in 2 3; do
     secs=$(sed -n "$((e + 1))p" "$out/$mode/metrics.csv" | cut -d, -f8)
     share=$(grep "epoch $e/3" "$out/$mode.log" | grep -o 'all-reduce [0-9.]*%' | grep -o '[0-9.]*')
-    echo "ringtrain_allreduce_${mode}_backward epoch $e: $steps steps in $secs s, exposed $share% = $(python3 -c "print(f'{$secs * $share / 100 / $steps * 1e3:.1f}')") ms/step"
+    echo "ringtrain_allreduce_${mode}_backward epoch $e: $steps steps in $secs s, exposed $share% = $(awk "BEGIN { printf \"%.1f\", $secs * $share / 100 / $steps * 1e3 }") ms/step"
   done
 done

@@ -438,6 +438,7 @@ fn a_rank_without_a_master_gives_up_clearly_within_the_timeout() {
     );
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(!d.root.join("b").exists(), "a rank that never joined wrote a run directory");
 }
 
 /// Preemption of a 2-rank job: SIGTERM to the launcher reaches both workers, which agree on a

@@ -385,5 +385,6 @@ fn nodes_that_cannot_reach_each_other_end_in_one_clear_line_each() {
         let error = all.lines().find(|l| l.contains("error: rendezvous with the master")).unwrap_or_else(|| panic!("node {i}:\n{all}"));
         assert!(error.contains("a loopback one (127.x) cannot be reached from another node"), "node {i}: {error}");
         assert!(*took < Duration::from_secs(TIMEOUT + 10), "node {i} took {took:?}");
+        assert!(!d.root.join(format!("lo{i}")).exists(), "node {i} wrote a run directory");
     }
 }

@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use anyhow::{bail, Result};
 
@@ -29,21 +29,16 @@ pub fn say_now(line: &str) {
 /// process (as in tests) rendezvous at the same time, and a second capture nested in the first
 /// would save the first's pipe as "the terminal", restore it at its end and leave the first's
 /// reader waiting for ever. So only the first captures; the others' lines go into its pipe.
-static CAPTURING: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+static CAPTURING: AtomicBool = AtomicBool::new(false);
 
 /// Runs `f` with file descriptor 2 going into a pipe; returns its result and what it wrote
 /// (nothing when another thread's capture is on: that one gets it).
 pub fn captured<T>(f: impl FnOnce() -> T) -> Result<(T, String)> {
-    {
-        let mut on = CAPTURING.lock().unwrap_or_else(|e| e.into_inner());
-        if *on {
-            drop(on);
-            return Ok((f(), String::new()));
-        }
-        *on = true;
+    if CAPTURING.swap(true, Ordering::SeqCst) {
+        return Ok((f(), String::new()));
     }
     let result = capture_on(f);
-    *CAPTURING.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    CAPTURING.store(false, Ordering::SeqCst);
     result
 }
 
