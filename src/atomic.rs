@@ -53,6 +53,22 @@ pub fn write_file_with<T>(path: &Path, fill: impl FnOnce(&mut File) -> Result<T>
     result
 }
 
+/// `write_file` for a writer that takes a path (a library's `save(path)`): it writes the
+/// temporary sibling, which is then synced and renamed over `path`; on an error it is removed.
+pub fn write_file_by_path(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = temp_sibling(path);
+    let result = (|| -> Result<()> {
+        write(&tmp)?;
+        File::open(&tmp)?.sync_all()?;
+        fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
+        fsync_dir(&parent(path))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// fsyncs every file in `dir` and the directory itself.
 pub fn sync_tree(dir: &Path) -> Result<()> {
     for e in fs::read_dir(dir)? {

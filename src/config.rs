@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bail_user;
 use crate::device::DeviceSpec;
+use crate::model::weights::WeightsSource;
 use crate::model::ModelKind;
 use crate::train::amp::AmpMode;
 
@@ -182,8 +183,12 @@ pub struct TrainConfig {
     pub sync_bn: bool,
     /// Capture the whole training step as one CUDA graph and replay it (CUDA only).
     pub cuda_graphs: bool,
-    /// Fine-tune from these weights (a torchvision-named safetensors state_dict).
-    pub pretrained: Option<PathBuf>,
+    /// Fine-tune from these weights: a safetensors or PyTorch file with torchvision's names,
+    /// `torchvision:NAME[.VARIANT]` or `hf-hub:ORG/NAME`.
+    pub pretrained: Option<WeightsSource>,
+    /// The dict of a PyTorch checkpoint that holds the weights (default: found by its usual
+    /// names).
+    pub pretrained_key: Option<String>,
     /// Parameter name prefixes to freeze, e.g. ["conv1", "bn1", "layer1"].
     pub freeze: Vec<String>,
     /// The classifier head's learning rate, as a multiple of --lr.
@@ -277,6 +282,7 @@ impl Default for TrainConfig {
             cuda_graphs: false,
             report_every_epoch: false,
             pretrained: None,
+            pretrained_key: None,
             freeze: Vec::new(),
             head_lr_mult: 1.0,
             drop_path: None,
@@ -303,6 +309,11 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("drop_path", "the model's: see ringtrain models"),
     ("dropout", "the model's: see ringtrain models"),
     ("layer_decay", "none: one rate for all layers"),
+    ("pretrained", "none: the architecture's own initialisation"),
+    (
+        "pretrained_key",
+        "the file itself when it is a state_dict, else the first of state_dict, model_state_dict, model_state, model, net ...",
+    ),
 ];
 
 /// Reads a TOML file into a table (unknown keys are caught when the merged table is parsed).
@@ -335,17 +346,42 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
     for (k, v) in overrides {
         table.insert(k, v);
     }
-    let img_size_given = table.contains_key("img_size");
-    match TrainConfig::deserialize(toml::Value::Table(table)) {
-        Ok(mut c) => {
-            if !img_size_given {
-                c.img_size = c.model.default_img_size();
-            }
-            Ok(c)
-        }
+    let given = |k: &str| table.contains_key(k);
+    let (model_given, img_size_given, resize_given, mean_given, std_given) =
+        (given("model"), given("img_size"), given("eval_resize"), given("mean"), given("std"));
+    let mut c = match TrainConfig::deserialize(toml::Value::Table(table)) {
+        Ok(c) => c,
         // toml's message spans lines ("invalid type: ..., expected usize", "in `epochs`").
         Err(e) => bail_user!("invalid configuration: {}", one_line(&e.to_string())),
+    };
+    // Published weights name their architecture and how they were evaluated: unless the
+    // flags say otherwise, the run takes both.
+    let mut eval = None;
+    if let Some(source) = &c.pretrained {
+        match source.model() {
+            Some(m) if !model_given => c.model = m,
+            _ => crate::model::weights::check_model_matches(source, c.model)?,
+        }
+        if !(img_size_given && resize_given && mean_given && std_given) {
+            eval = source.eval_transform()?;
+        }
     }
+    if !img_size_given {
+        c.img_size = eval.as_ref().map_or(c.model.default_img_size(), |t| t.img_size);
+    }
+    if let Some(t) = eval {
+        // The weights' resize is for their input size; for another one, the ratio is kept.
+        if !resize_given {
+            c.eval_resize = Some(((t.resize as f64) * c.img_size as f64 / t.img_size as f64).round() as u32);
+        }
+        if !mean_given {
+            c.mean = t.mean.unwrap_or(c.mean);
+        }
+        if !std_given {
+            c.std = t.std.unwrap_or(c.std);
+        }
+    }
+    Ok(c)
 }
 
 /// A multi-line parser message joined into one line (its parts kept, unlike cli's first line of
@@ -445,10 +481,10 @@ impl TrainConfig {
                 bail_user!("--val directory (or pack) does not exist: {}", v.display());
             }
         }
-        if let Some(p) = &self.pretrained {
-            if !p.is_file() {
-                bail_user!("--pretrained file does not exist: {}", p.display());
-            }
+        if let Some(source) = self.pretrained.as_ref().filter(|_| self.resume.is_none() || !self.holds_run()) {
+            // A file must exist; published weights are fetched into their cache now, once,
+            // before any rank starts (a run resumed from its checkpoints needs neither).
+            source.fetch()?;
         }
         if self.holds_run() && !self.overwrite && self.resume.is_none() {
             bail_user!(
@@ -758,7 +794,7 @@ mod tests {
         // A missing --data, an existing run in --out and fp16 on the CPU are not check's concern.
         assert_eq!(
             check_message(|c| {
-                c.pretrained = Some("no/such/file.safetensors".into());
+                c.pretrained = Some("no/such/file.safetensors".parse().unwrap());
                 c.device = DeviceSpec::Cpu;
                 c.amp = AmpMode::Fp16;
             }),
@@ -773,5 +809,31 @@ mod tests {
             e.to_string().contains("--data directory (or pack) does not exist: no/such/dir"),
             "{e}"
         );
+    }
+
+    /// Published weights name their architecture and evaluation transform (torchvision's
+    /// table); flags and files still win, and another input size keeps the weights' ratio.
+    #[test]
+    fn published_weights_set_the_model_and_eval_transform_unless_given() {
+        let r = |flags: &str| resolve(None, flags.parse().unwrap());
+        let sizes = |c: &TrainConfig| (c.model, c.img_size, c.eval_resize());
+        let c = r(r#"pretrained = "torchvision:resnet50""#).unwrap();
+        assert_eq!(sizes(&c), (ModelKind::ResNet50, 224, 232));
+        let c = r(r#"pretrained = "torchvision:resnet50.IMAGENET1K_V1""#).unwrap();
+        assert_eq!(sizes(&c), (ModelKind::ResNet50, 224, 256));
+        let c = r(r#"pretrained = "torchvision:efficientnet_b3""#).unwrap();
+        assert_eq!(sizes(&c), (ModelKind::EfficientNetB3, 300, 320));
+        let c = r(r#"pretrained = "torchvision:vit_b_16.IMAGENET1K_SWAG_E2E_V1""#).unwrap();
+        assert_eq!(sizes(&c), (ModelKind::VitB16, 384, 384));
+        let c = r("pretrained = \"torchvision:resnet50\"\nimg_size = 128").unwrap();
+        assert_eq!(sizes(&c), (ModelKind::ResNet50, 128, 133)); // 232 · 128 / 224
+        let c = r("pretrained = \"torchvision:resnet50\"\neval_resize = 256").unwrap();
+        assert_eq!(sizes(&c), (ModelKind::ResNet50, 224, 256));
+        let e = r("pretrained = \"torchvision:resnet50\"\nmodel = \"resnet18\"").unwrap_err();
+        assert!(e.to_string().contains("holds resnet50 weights, not resnet18"), "{e}");
+        // A file says nothing of either: the defaults stand.
+        let c = r("pretrained = \"weights.pth\"\nmodel = \"resnet50\"").unwrap();
+        assert_eq!(sizes(&c), (ModelKind::ResNet50, 224, 256));
+        assert_eq!(c.pretrained, Some(WeightsSource::File("weights.pth".into())));
     }
 }

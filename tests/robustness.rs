@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 
 use common::{make_folder, ringtrain};
 
@@ -400,7 +400,43 @@ fn hostile_inputs_and_faults_end_cleanly() {
     std::fs::write(&pickle, b"\x80\x02}q\x00(X\x06\x00\x00\x00conv1.q\x01").unwrap();
     let out = fresh(&s, "pretrained-pickle");
     let p = pickle.to_string_lossy().into_owned();
-    s.case("--pretrained given a pickle", &tiny(&good, &val, &out, &["--pretrained", &p]), Error(2, &["--pretrained", "resnet18.pth"]), None);
+    s.case("--pretrained given a broken pickle", &tiny(&good, &val, &out, &["--pretrained", &p]), Error(2, &["--pretrained", "resnet18.pth"]), None);
+    // What `pickle.dumps` writes for an object whose __reduce__ is (os.system, ("touch MARKER",)):
+    // unpickling it would create MARKER.
+    let marker = s.dir("pretrained").join("PWNED");
+    let cmd = format!("touch {}", marker.display());
+    let mut evil = b"\x80\x02cposix\nsystem\nX".to_vec();
+    evil.extend((cmd.len() as u32).to_le_bytes());
+    evil.extend(cmd.as_bytes());
+    evil.extend(b"\x85R.");
+    let evil_path = s.dir("pretrained").join("evil.pth");
+    std::fs::write(&evil_path, evil).unwrap();
+    let out = fresh(&s, "pretrained-evil");
+    let p = evil_path.to_string_lossy().into_owned();
+    s.case("--pretrained given a pickle that calls os.system", &tiny(&good, &val, &out, &["--pretrained", &p]), Error(2, &["--pretrained", "posix.system"]), None);
+    assert!(!marker.exists(), "reading a hostile pickle ran its call");
+    let out = fresh(&s, "pretrained-key-safetensors");
+    let st = s.base_run.join("last/model.safetensors").to_string_lossy().into_owned();
+    s.case("--pretrained-key with a safetensors file", &tiny(&good, &val, &out, &["--pretrained", &st, "--pretrained-key", "state_dict"]), Error(2, &["--pretrained-key", "safetensors"]), None);
+    let out = fresh(&s, "pretrained-unknown-torchvision");
+    s.case("--pretrained of an unknown torchvision name", &tiny(&good, &val, &out, &["--pretrained", "torchvision:resnet51"]), Error(2, &["torchvision:resnet51", "closest"]), None);
+    let out = fresh(&s, "pretrained-offline");
+    let args = tiny(&good, &val, &out, &["--model", "resnet18", "--pretrained", "torchvision:resnet18"]);
+    let torch_home = s.dir("torch-home");
+    s.case_with(
+        "--pretrained torchvision:NAME with no network and no cached file",
+        Error(2, &["cannot download", "place it at"]),
+        None,
+        || {
+            Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+                .args(&args)
+                .env("TORCH_HOME", &torch_home)
+                .env("RINGTRAIN_TORCHVISION_URL", "http://127.0.0.1:9/models")
+                .output()
+                .unwrap()
+        },
+        Some(&out),
+    );
     let out = fresh(&s, "pretrained-arch");
     let other = s.base_run.join("last/model.safetensors").to_string_lossy().into_owned();
     s.case("--pretrained of another architecture", &tiny(&good, &val, &out, &["--model", "resnet18", "--pretrained", &other]), Error(2, &["--pretrained", "different architecture"]), None);

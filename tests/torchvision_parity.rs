@@ -5,6 +5,7 @@ mod common;
 use std::collections::HashMap;
 
 use ringtrain::data::folder::ImageFolder;
+use ringtrain::model::weights;
 use ringtrain::model::{Model, ModelKind, ModelOptions};
 use tch::{Device, Tensor};
 
@@ -54,7 +55,7 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
     const SAME: f64 = 1e-5;
     const DIFFERENT: f64 = 0.1;
     let dir = tempfile::tempdir().unwrap();
-    let mut args = vec!["models", dir.path().to_str().unwrap()];
+    let mut args = vec!["models", dir.path().to_str().unwrap(), "--pth"];
     args.extend(MODELS);
     common::run_python(&args);
     for name in MODELS {
@@ -73,6 +74,17 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
             .into_iter()
             .collect();
         let got = tch::no_grad(|| model.forward(&io["x"], false));
+        // The same state_dict saved by torch.save, in the zip format and the legacy one, read
+        // as --pretrained reads it (no unpickling), gives the same logits.
+        for pth in [format!("{name}.pth"), format!("{name}.legacy.pth")] {
+            let loaded = weights::read_file(&dir.path().join(&pth), None).unwrap();
+            let mut from_pth = Model::build(kind, 7, Device::Cpu, deterministic(kind, size));
+            let r = from_pth.load_pretrained(&loaded.weights, &pth).unwrap();
+            assert!(r.missing.is_empty() && r.unexpected.is_empty() && r.reinitialized_head.is_empty(), "{pth}: {r:?}");
+            let logits = tch::no_grad(|| from_pth.forward(&io["x"], false));
+            let r_pth = common::rel_max_diff(&logits, &io["eval_logits"]);
+            assert!(r_pth <= SAME, "{pth}: eval logits differ from torchvision by {r_pth:.1e} of its largest");
+        }
         let r_eval = common::rel_max_diff(&got, &io["eval_logits"]);
         eprintln!(
             "{name}: eval logits differ from torchvision by {r_eval:.1e} of its largest ({:.2e})",
@@ -167,7 +179,7 @@ fn vit_position_embeddings_are_interpolated_as_torchvision_does() {
         ..ModelOptions::defaults(ModelKind::VitB16)
     };
     let mut at_96 = Model::build(ModelKind::VitB16, 7, Device::Cpu, opts);
-    let r = at_96.load_pretrained(&src).unwrap();
+    let r = at_96.load_pretrained(&weights::read_file(&src, None).unwrap().weights, "vit224").unwrap();
     assert_eq!(r.interpolated, ["encoder.pos_embedding"]);
     assert!(r.missing.is_empty() && r.unexpected.is_empty(), "{r:?}");
     let got = &at_96.vs.variables()["encoder.pos_embedding"];

@@ -13,6 +13,7 @@ use crate::device::DeviceSpec;
 use crate::dist::ddp::{WirePrecision, DEFAULT_BUCKET_MB};
 use crate::dist::process_group::Backend;
 use crate::dist::plan::DistOptions;
+use crate::model::weights::WeightsSource;
 use crate::model::ModelKind;
 use crate::train::amp::AmpMode;
 
@@ -72,8 +73,31 @@ pub enum Command {
     /// files' bytes (encoded); --data and --val of every command take the pack.
     Pack(PackArgs),
     /// List every architecture --model takes: parameters at 1000 classes, the input size its
-    /// torchvision weights were made for, its head, and its stochastic depth and dropout.
+    /// torchvision weights were made for, its head, and its stochastic depth and dropout; then
+    /// torchvision's weights that --pretrained torchvision:NAME takes.
     Models,
+    /// Convert weights (a PyTorch checkpoint, torchvision:NAME, hf-hub:ORG/NAME) to one
+    /// safetensors file with torchvision's names, without Python and without unpickling.
+    Convert(ConvertArgs),
+}
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// The weights: a .pth/.pt/.bin or safetensors file, torchvision:NAME[.VARIANT] or
+    /// hf-hub:ORG/NAME.
+    #[arg(value_name = "IN")]
+    pub input: WeightsSource,
+    /// The safetensors file to write (replaced atomically if it exists).
+    #[arg(value_name = "OUT")]
+    pub out: PathBuf,
+    /// The dict of a PyTorch checkpoint that holds the weights [default: found by its usual
+    /// names].
+    #[arg(long, value_name = "KEY")]
+    pub pretrained_key: Option<String>,
+    /// Also check the names and shapes against this architecture: every tensor it needs is
+    /// there, except a head for another class count.
+    #[arg(long)]
+    pub model: Option<ModelKind>,
 }
 
 #[derive(Args)]
@@ -451,10 +475,17 @@ pub struct TrainArgs {
     /// --accum-steps).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub cuda_graphs: Option<bool>,
-    /// Fine-tune from a torchvision-named safetensors state_dict (the head is re-initialised
-    /// when the class count differs).
-    #[arg(long)]
-    pub pretrained: Option<PathBuf>,
+    /// Fine-tune from these weights: a file (safetensors, or a PyTorch .pth/.pt/.bin checkpoint,
+    /// read without unpickling), torchvision:NAME[.VARIANT] (torchvision's ImageNet weights, e.g.
+    /// torchvision:resnet50; from the torch hub cache, else downloaded into it) or
+    /// hf-hub:ORG/NAME (timm's ResNets on the Hugging Face hub). Published weights set --model,
+    /// --img-size and --eval-resize unless given; the head is re-initialised when the class
+    /// count differs.
+    #[arg(long, value_name = "FILE|torchvision:NAME|hf-hub:ORG/NAME")]
+    pub pretrained: Option<WeightsSource>,
+    /// The dict of a PyTorch checkpoint that holds the weights, e.g. state_dict_ema.
+    #[arg(long, value_name = "KEY")]
+    pub pretrained_key: Option<String>,
     /// Freeze parameters under these name prefixes, e.g. conv1,bn1,layer1.
     #[arg(long, value_delimiter = ',')]
     pub freeze: Option<Vec<String>>,

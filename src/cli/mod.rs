@@ -21,7 +21,8 @@ use crate::report::progress::warn_unreadable;
 use crate::say;
 use crate::shim;
 use args::{
-    BenchArgs, BenchDataArgs, Cli, Command, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs, TrainArgs,
+    BenchArgs, BenchDataArgs, Cli, Command, ConvertArgs, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
+    TrainArgs,
 };
 
 fn dispatch(cli: Cli) -> Result<()> {
@@ -44,6 +45,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             models();
             Ok(())
         }
+        Some(Command::Convert(args)) => convert(&args),
         None => Err(user_error("no command given; try `ringtrain --help`")),
     }
 }
@@ -366,6 +368,57 @@ fn models() {
             shown(kind.default_dropout())
         );
     }
+    println!("\ntorchvision's ImageNet weights (--pretrained torchvision:NAME; NAME alone is the default, *):");
+    println!("{:<46} {:>6} {:>7} {:>7}  {}", "name", "input", "resize", "top-1", "resize filter");
+    for w in crate::model::weights::torchvision::WEIGHTS {
+        let name = format!("{}.{}{}", w.model, w.variant, if w.default { " *" } else { "" });
+        println!(
+            "{:<46} {:>6} {:>7} {:>7.2}  {}",
+            name,
+            w.crop,
+            w.resize,
+            w.top1,
+            format!("{:?}", w.interpolation).to_lowercase()
+        );
+    }
+}
+
+/// `ringtrain convert`: any weights to one safetensors file with torchvision's names.
+fn convert(a: &ConvertArgs) -> Result<()> {
+    if let Some(m) = a.model {
+        crate::model::weights::check_model_matches(&a.input, m)?;
+    }
+    let mut file = a.input.read(a.pretrained_key.as_deref())?;
+    if let Some(kind) = a.model.or(a.input.model()) {
+        // The same matching as --pretrained, against the architecture at 1000 classes.
+        let mut model = Model::new(kind, 1000, tch::Device::Cpu);
+        let r = model.load_pretrained(&file.weights, &a.input.to_string())?;
+        if !r.missing.is_empty() {
+            crate::bail_user!("{}: {kind} also needs {}", a.input, r.missing.join(", "));
+        }
+        if let Some(p) = r.prefix {
+            say!("every name began with {p}, taken off");
+            file.weights = std::mem::take(&mut file.weights)
+                .into_iter()
+                .map(|(k, t)| (k[p.len()..].to_string(), t))
+                .collect();
+        }
+    }
+    let out = &a.out;
+    let named: Vec<(&str, &tch::Tensor)> = file.weights.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    crate::atomic::write_file_by_path(out, |tmp| {
+        tch::Tensor::write_safetensors(&named, tmp)
+            .map_err(|e| user_error(format!("cannot write {} ({})", out.display(), first_line(&e.to_string()))))
+    })?;
+    let from = match &file.key {
+        Some(k) => format!("{} [{k}]", file.path.display()),
+        None => file.path.display().to_string(),
+    };
+    say!("{} tensors from {from} written to {}", file.weights.len(), out.display());
+    if !file.others.is_empty() {
+        say!("the checkpoint also holds {} (--pretrained-key picks one)", file.others.join(", "));
+    }
+    Ok(())
 }
 
 /// 25557032 → "25,557,032".

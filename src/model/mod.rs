@@ -11,6 +11,7 @@ pub mod mobilenet;
 pub mod regnet;
 pub mod resnet;
 pub mod vit;
+pub mod weights;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -33,6 +34,8 @@ pub struct PretrainedReport {
     pub reinitialized_head: Vec<String>,
     /// A ViT's position embedding made for another image size: interpolated to this one.
     pub interpolated: Vec<String>,
+    /// The prefix every name of the file had, taken off (`model.` of a Lightning module).
+    pub prefix: Option<String>,
 }
 
 /// PyTorch's own initialisation of `nn.Linear` and `nn.Conv2d` (their `reset_parameters`),
@@ -228,15 +231,22 @@ impl Model {
 
     /// Fine-tuning: loads a torchvision-named state_dict by name. Missing and unexpected names
     /// are reported, a shape mismatch is refused, except in the classifier head, which then keeps
-    /// its fresh initialisation for this data's classes.
-    pub fn load_pretrained(&mut self, path: &Path) -> Result<PretrainedReport> {
-        let file: HashMap<String, Tensor> = match Tensor::read_safetensors(path) {
-            Ok(v) => v.into_iter().collect(),
-            Err(e) => crate::bail_user!("--pretrained {}: not a readable safetensors file ({e})", path.display()),
-        };
+    /// its fresh initialisation for this data's classes. `origin` names the weights in errors.
+    pub fn load_pretrained(&mut self, file: &weights::StateDict, origin: &str) -> Result<PretrainedReport> {
         let vars = self.vs.variables();
         let head = format!("{}.", self.head_prefix());
         let mut r = PretrainedReport::default();
+        // A wrapper's attribute before every name (Lightning's `model.`, a `backbone.`): taken
+        // off when no name matches as it is.
+        let unwrapped;
+        let file = match weights::common_prefix(file) {
+            Some(p) if !file.keys().any(|k| vars.contains_key(k)) => {
+                unwrapped = file.iter().map(|(k, t)| (k[p.len()..].to_string(), t.shallow_clone())).collect();
+                r.prefix = Some(p);
+                &unwrapped
+            }
+            _ => file,
+        };
         let mut names: Vec<&String> = vars.keys().collect();
         names.sort();
         tch::no_grad(|| -> Result<()> {
@@ -259,8 +269,7 @@ impl Model {
                         continue;
                     }
                     crate::bail_user!(
-                        "--pretrained {}: {name} has shape {:?}, {} needs {:?} (a different architecture?)",
-                        path.display(),
+                        "--pretrained {origin}: {name} has shape {:?}, {} needs {:?} (a different architecture?)",
                         src.size(),
                         self.kind,
                         var.size()
@@ -279,8 +288,7 @@ impl Model {
         r.unexpected.sort();
         if r.loaded == 0 {
             crate::bail_user!(
-                "--pretrained {}: no tensor name matches {} (is it a torchvision state_dict?)",
-                path.display(),
+                "--pretrained {origin}: no tensor name matches {} (is it a torchvision state_dict?)",
                 self.kind
             );
         }

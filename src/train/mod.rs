@@ -60,7 +60,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         return Ok(done);
     }
     let run_dir = RunDir::prepare(cfg, &data.classes, &ctx, resume.is_new_run())?;
-    let pretrained = cfg.pretrained.as_deref().filter(|_| resume.is_new_run());
+    let pretrained = cfg.pretrained.as_ref().filter(|_| resume.is_new_run());
     let (classes, steps_per_epoch) = (data.num_classes(), data.steps_per_epoch());
     let mut t = Trainer::new(cfg, classes, steps_per_epoch, ctx.pg.clone(), ctx.ddp_options(), pretrained)?;
     let mut state = resume.restore_into(&mut t, cfg, &run_dir)?;

@@ -3,7 +3,6 @@
 //! Mixup/CutMix. A step is `micro_step` for each micro-batch (Mixup, forward under autocast,
 //! backward) and then `optimizer_step` (all-reduce, unscale, clip, step, EMA): the order of a
 //! PyTorch DDP + AMP loop.
-use std::path::Path;
 use std::rc::Rc;
 
 use anyhow::Result;
@@ -21,6 +20,7 @@ use crate::config::TrainConfig;
 use crate::data::mixup::{soft_target_cross_entropy, Mixup};
 use crate::dist::ddp::{Ddp, WirePrecision};
 use crate::dist::process_group::{Backend, ProcessGroup};
+use crate::model::weights::WeightsSource;
 use crate::model::Model;
 use crate::shim::Lr;
 use crate::{say, seeds, shim};
@@ -111,7 +111,7 @@ impl Trainer {
         steps_per_epoch: usize,
         pg: Rc<ProcessGroup>,
         ddp: DdpOptions,
-        pretrained: Option<&Path>,
+        pretrained: Option<&WeightsSource>,
     ) -> Result<Self> {
         let device = pg.device;
         tch::manual_seed(seeds::init(cfg.seed));
@@ -119,16 +119,32 @@ impl Trainer {
         if cfg.zero_init_residual {
             model.zero_init_residual();
         }
-        if let Some(path) = pretrained {
-            let r = model.load_pretrained(path)?;
+        if let Some(source) = pretrained {
+            let file = source.read(cfg.pretrained_key.as_deref())?;
+            let r = model.load_pretrained(&file.weights, &source.to_string())?;
+            let mut from = match &file.key {
+                Some(k) => format!("from {} [{k}]", file.path.display()),
+                None => format!("from {}", file.path.display()),
+            };
+            if !matches!(source, WeightsSource::File(_)) {
+                from = format!("of {source} {from}");
+            }
             say!(
-                "pretrained: {} tensors from {}; re-initialised head {:?}; missing {:?}; unexpected {:?}",
+                "pretrained: {} tensors {from}; re-initialised head {:?}; missing {:?}; unexpected {:?}",
                 r.loaded,
-                path.display(),
                 r.reinitialized_head,
                 r.missing,
                 r.unexpected
             );
+            if source.eval_transform().ok().flatten().is_some_and(|t| t.bicubic) {
+                say!("pretrained: these weights were evaluated with bicubic resizing; ringtrain resizes bilinear (antialiased), which can cost a little accuracy before fine-tuning");
+            }
+            if let Some(p) = &r.prefix {
+                say!("pretrained: every name began with {p}, taken off");
+            }
+            if !file.others.is_empty() {
+                say!("pretrained: the checkpoint also holds {} (--pretrained-key picks one)", file.others.join(", "));
+            }
             if !r.interpolated.is_empty() {
                 say!("pretrained: {:?} interpolated to the {} px input", r.interpolated, cfg.img_size);
             }

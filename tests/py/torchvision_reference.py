@@ -3,7 +3,8 @@
   torchvision_reference.py models OUTDIR NAME...   random-initialised torchvision models:
       OUTDIR/NAME.safetensors (state_dict) and OUTDIR/NAME.io.safetensors (input, eval and
       train-mode logits, stochastic depth and dropout off); OUTDIR/NAME.json: its size and
-      parameter count
+      parameter count; with --pth first, the state_dict also as torch.save writes it,
+      OUTDIR/NAME.pth (zip) and OUTDIR/NAME.legacy.pth (the format before torch 1.6)
   torchvision_reference.py load_strict DIR NAME...   OUTDIR/NAME.ours.safetensors (a ringtrain
       state_dict) loaded strictly into torchvision's NAME; its eval logits on the input of
       DIR/NAME.ours_io.safetensors against the "logits" saved there, as JSON per name
@@ -90,6 +91,8 @@ def randomise(m):
 
 
 def models(out, *names):
+    pth = names and names[0] == "--pth"
+    names = names[1:] if pth else names
     for name in names:
         torch.manual_seed(0)
         m, size = build(name, deterministic=True)
@@ -108,6 +111,9 @@ def models(out, *names):
             m.eval()
         save_file(state, f"{out}/{name}.safetensors")
         save_file(tensors, f"{out}/{name}.io.safetensors")
+        if pth:
+            torch.save(state, f"{out}/{name}.pth")
+            torch.save(state, f"{out}/{name}.legacy.pth", _use_new_zipfile_serialization=False)
         json.dump({"size": size, "parameters": sum(p.numel() for p in m.parameters())},
                   open(f"{out}/{name}.json", "w"))
 
