@@ -38,30 +38,22 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 /// `write_file` for content written piece by piece (a pack): `fill` writes into the temporary
 /// file, which is then synced and renamed over `path`; on an error it is removed.
 pub fn write_file_with<T>(path: &Path, fill: impl FnOnce(&mut File) -> Result<T>) -> Result<T> {
-    let tmp = temp_sibling(path);
-    let result = (|| -> Result<T> {
-        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let value = fill(&mut f)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
-        fsync_dir(&parent(path))?;
-        Ok(value)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    write_file_by_path(path, |tmp| {
+        let mut f = File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        fill(&mut f)
+    })
 }
 
 /// `write_file` for a writer that takes a path (a library's `save(path)`): it writes the
 /// temporary sibling, which is then synced and renamed over `path`; on an error it is removed.
-pub fn write_file_by_path(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+pub fn write_file_by_path<T>(path: &Path, write: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
     let tmp = temp_sibling(path);
-    let result = (|| -> Result<()> {
-        write(&tmp)?;
+    let result = (|| -> Result<T> {
+        let value = write(&tmp)?;
         File::open(&tmp)?.sync_all()?;
         fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
-        fsync_dir(&parent(path))
+        fsync_dir(&parent(path))?;
+        Ok(value)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);

@@ -128,15 +128,8 @@ fn pytorch_loads_ringtrains_weights_and_gets_predicts_logits() {
 
 /// Links the first `n` images of four plant-seedling classes into `dst` (never copied).
 fn seedlings(dst: &Path, n: usize) {
-    let src = common::shared_data("plant-seedlings/train");
-    for c in ["Charlock", "Common_Chickweed", "Loose_Silky-bent", "Sugar_beet"] {
-        std::fs::create_dir_all(dst.join(c)).unwrap();
-        let mut files: Vec<_> = std::fs::read_dir(src.join(c)).unwrap().map(|e| e.unwrap().path()).collect();
-        files.sort();
-        for f in files.into_iter().take(n) {
-            std::os::unix::fs::symlink(&f, dst.join(c).join(f.file_name().unwrap())).unwrap();
-        }
-    }
+    let classes = ["Charlock", "Common_Chickweed", "Loose_Silky-bent", "Sugar_beet"];
+    common::link_first(&common::shared_data("plant-seedlings/train"), dst, &classes, n);
 }
 
 /// One family's fine-tuning as a user runs it: torchvision's 7-class weights (as torchvision

@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use sha2::{Digest, Sha256};
+
 use common::http::{Answer, Server};
 use ringtrain::model::weights::{self, download, WeightsSource};
 use ringtrain::model::{Model, ModelKind, ModelOptions};
@@ -33,6 +35,15 @@ fn ringtrain_env(args: &[std::ffi::OsString], env: &[(&str, &Path)]) -> Output {
         c.env(k, v);
     }
     c.args(args).output().unwrap()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// Three classes of the demo's shapes, 4 images each, 36 px.
+fn shapes(root: &Path) {
+    common::Shapes { size: 36, seed: 6, first: 0 }.write(root, &["circle", "cross", "ring"], 4);
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -118,7 +129,7 @@ fn the_imagenet_examples_checkpoint_fine_tunes() {
     let d = tempfile::tempdir().unwrap();
     py(&["files", s(d.path())]);
     let data = d.path().join("data");
-    common::Shapes { size: 36, seed: 6, first: 0 }.write(&data, &["circle", "cross", "ring"], 4);
+    shapes(&data);
     let out = d.path().join("run");
     let o = common::ringtrain(&common::argv(
         "train --data {} --val {} --out {} --pretrained {} --model resnet18 --img-size 32 --epochs 1 --batch-size 6 \
@@ -185,7 +196,7 @@ fn torchvision_weights_come_from_the_torch_hub_cache() {
     std::fs::create_dir_all(cached.parent().unwrap()).unwrap();
     std::fs::copy(d.path().join("plain.pth"), &cached).unwrap();
     let data = d.path().join("data");
-    common::Shapes { size: 36, seed: 6, first: 0 }.write(&data, &["circle", "cross", "ring"], 4);
+    shapes(&data);
     let out = d.path().join("run");
     let o = ringtrain_env(
         &common::argv(
@@ -233,12 +244,12 @@ fn downloads_are_checked_and_leave_nothing_behind_when_they_fail() {
     ]));
     let torch_home = d.path().join("torch");
     let checkpoints = torch_home.join("hub/checkpoints");
+    let base_url = format!("{}/models", server.url());
     let run = |spec: &str| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_ringtrain"));
-        c.env("TORCH_HOME", &torch_home)
-            .env("RINGTRAIN_TORCHVISION_URL", format!("{}/models", server.url()))
-            .args(["convert", spec, d.path().join("out.st").to_str().unwrap()]);
-        c.output().unwrap()
+        ringtrain_env(
+            &common::argv(&format!("convert {spec} {{}}"), &[&d.path().join("out.st")]),
+            &[("TORCH_HOME", &torch_home), ("RINGTRAIN_TORCHVISION_URL", Path::new(&base_url))],
+        )
     };
     let e = refused(&run("torchvision:resnet18"));
     assert!(e.contains("expected f37072fd") && e.contains("refused, nothing was kept"), "{e}");
@@ -249,7 +260,7 @@ fn downloads_are_checked_and_leave_nothing_behind_when_they_fail() {
     assert!(!d.path().join("out.st").exists());
 
     // The right file: its name carries the prefix of its own hash.
-    let prefix = download::sha256_file(&d.path().join("plain.pth")).unwrap()[..8].to_string();
+    let prefix = sha256(&bytes)[..8].to_string();
     let name = format!("resnet18-{prefix}.pth");
     let server = Server::start(HashMap::from([(
         format!("/{name}"),
@@ -271,12 +282,7 @@ fn downloads_are_checked_and_leave_nothing_behind_when_they_fail() {
 /// The hub's answers for `repo`'s files: config.json directly, model.safetensors by a
 /// redirect to its storage, as the Hugging Face hub answers.
 fn hub_routes(repo: &str, config: &[u8], weights: &[u8], served_weights: &[u8]) -> HashMap<String, Answer> {
-    let sha = {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("w");
-        std::fs::write(&p, weights).unwrap();
-        download::sha256_file(&p).unwrap()
-    };
+    let sha = sha256(weights);
     let commit = "0123456789abcdef0123456789abcdef01234567".to_string();
     let h = |k: &str, v: &str| (k.to_string(), v.to_string());
     HashMap::from([
@@ -348,7 +354,7 @@ fn timm_weights_come_from_the_hub_and_its_cache() {
 
     // Offline now: training reads the cache, takes the weights' transform and architecture.
     let data = d.path().join("data");
-    common::Shapes { size: 36, seed: 6, first: 0 }.write(&data, &["circle", "cross", "ring"], 4);
+    shapes(&data);
     let run = d.path().join("run");
     let o = ringtrain_env(
         &common::argv(
@@ -398,15 +404,7 @@ fn timm_weights_come_from_the_hub_and_its_cache() {
 fn fine_tuning_from_a_pth_equals_fine_tuning_from_its_safetensors() {
     let d = tempfile::tempdir().unwrap();
     let data = d.path().join("data");
-    let src = common::shared_data("plant-seedlings/train");
-    for c in ["Charlock", "Maize", "Sugar_beet"] {
-        std::fs::create_dir_all(data.join(c)).unwrap();
-        let mut files: Vec<_> = std::fs::read_dir(src.join(c)).unwrap().map(|e| e.unwrap().path()).collect();
-        files.sort();
-        for f in files.into_iter().take(10) {
-            std::os::unix::fs::symlink(&f, data.join(c).join(f.file_name().unwrap())).unwrap();
-        }
-    }
+    common::link_first(&common::shared_data("plant-seedlings/train"), &data, &["Charlock", "Maize", "Sugar_beet"], 10);
     let base = d.path().join("base");
     let o = common::ringtrain(&common::argv(
         "train --data {} --val {} --out {} --model resnet18 --img-size 32 --epochs 1 --batch-size 10 --device cpu",

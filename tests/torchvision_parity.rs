@@ -83,6 +83,7 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
             assert!(r.missing.is_empty() && r.unexpected.is_empty() && r.reinitialized_head.is_empty(), "{pth}: {r:?}");
             let logits = tch::no_grad(|| from_pth.forward(&io["x"], false));
             let r_pth = common::rel_max_diff(&logits, &io["eval_logits"]);
+            eprintln!("{pth}: eval logits differ from torchvision by {r_pth:.1e} of its largest");
             assert!(r_pth <= SAME, "{pth}: eval logits differ from torchvision by {r_pth:.1e} of its largest");
         }
         let r_eval = common::rel_max_diff(&got, &io["eval_logits"]);

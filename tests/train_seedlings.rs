@@ -3,31 +3,14 @@
 //! best checkpoint strictly into torchvision's resnet18 and measures about the same accuracy.
 mod common;
 
-use std::path::Path;
-
 const CLASSES: &[&str] = &["Charlock", "Common_Chickweed", "Loose_Silky-bent", "Sugar_beet"];
-
-/// Links the first `n` images of each class of `src` into `dst` (the shared data is never copied).
-fn subset(src: &Path, dst: &Path, n: usize) {
-    for c in CLASSES {
-        std::fs::create_dir_all(dst.join(c)).unwrap();
-        let mut files: Vec<_> = std::fs::read_dir(src.join(c))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        files.sort();
-        for f in files.into_iter().take(n) {
-            std::os::unix::fs::symlink(&f, dst.join(c).join(f.file_name().unwrap())).unwrap();
-        }
-    }
-}
 
 #[test]
 fn two_epochs_on_plant_seedlings_learn_and_pytorch_agrees() {
     let d = tempfile::tempdir().unwrap();
     let (train, val, out) = (d.path().join("train"), d.path().join("val"), d.path().join("run"));
-    subset(&common::shared_data("plant-seedlings/train"), &train, 150);
-    subset(&common::shared_data("plant-seedlings/test"), &val, 30);
+    common::link_first(&common::shared_data("plant-seedlings/train"), &train, CLASSES, 150);
+    common::link_first(&common::shared_data("plant-seedlings/test"), &val, CLASSES, 30);
     let o = common::ringtrain(&common::argv(
         "train --data {} --val {} --out {} --model resnet18 --img-size 64 --epochs 2 --batch-size 32 --optimizer \
          adamw --lr 0.002 --weight-decay 0.01 --crop-scale 0.35,1 --device cpu",

@@ -398,10 +398,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         }
         if let Some(p) = r.prefix {
             say!("every name began with {p}, taken off");
-            file.weights = std::mem::take(&mut file.weights)
-                .into_iter()
-                .map(|(k, t)| (k[p.len()..].to_string(), t))
-                .collect();
+            file.weights = crate::model::weights::without_prefix(&file.weights, &p);
         }
     }
     let out = &a.out;

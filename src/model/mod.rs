@@ -241,7 +241,7 @@ impl Model {
         let unwrapped;
         let file = match weights::common_prefix(file) {
             Some(p) if !file.keys().any(|k| vars.contains_key(k)) => {
-                unwrapped = file.iter().map(|(k, t)| (k[p.len()..].to_string(), t.shallow_clone())).collect();
+                unwrapped = weights::without_prefix(file, &p);
                 r.prefix = Some(p);
                 &unwrapped
             }

@@ -136,7 +136,7 @@ impl Trainer {
                 r.missing,
                 r.unexpected
             );
-            if source.eval_transform().ok().flatten().is_some_and(|t| t.bicubic) {
+            if file.eval.as_ref().is_some_and(|t| t.bicubic) {
                 say!("pretrained: these weights were evaluated with bicubic resizing; ringtrain resizes bilinear (antialiased), which can cost a little accuracy before fine-tuning");
             }
             if let Some(p) = &r.prefix {

@@ -43,6 +43,19 @@ fn python_output(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Links the first `n` images (in name order) of each of `classes` of `src` into `dst`, an
+/// ImageFolder tree (the shared data is never copied).
+pub fn link_first(src: &Path, dst: &Path, classes: &[&str], n: usize) {
+    for c in classes {
+        std::fs::create_dir_all(dst.join(c)).unwrap();
+        let mut files: Vec<_> = std::fs::read_dir(src.join(c)).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        for f in files.into_iter().take(n) {
+            std::os::unix::fs::symlink(&f, dst.join(c).join(f.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
 /// The shared real data sets, beside the repository.
 pub fn shared_data(rel: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data").join(rel);

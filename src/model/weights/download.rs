@@ -106,7 +106,7 @@ pub fn fetch(url: &str, dest: &Path, expect: Expect<'_>, what: &str) -> Result<(
         if let Some(want) = len.filter(|&n| n != total) {
             bail_user!("{what}: the download of {url} ended after {total} of {want} bytes; nothing was kept, run again to retry");
         }
-        let got = hex(&hash.finalize());
+        let got = format!("{:x}", hash.finalize());
         let ok = match expect {
             Expect::Sha256Prefix(p) => got.starts_with(p),
             Expect::Sha256(h) => got.eq_ignore_ascii_case(h),
@@ -124,22 +124,4 @@ pub fn fetch(url: &str, dest: &Path, expect: Expect<'_>, what: &str) -> Result<(
     });
     bar.finish_and_clear();
     written.map(|_| ())
-}
-
-/// The SHA-256 of a file, as hex.
-pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok(hex(&hash.finalize()));
-        }
-        hash.update(&buf[..n]);
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

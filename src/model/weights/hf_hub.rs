@@ -15,6 +15,7 @@ use anyhow::Result;
 use serde::Deserialize;
 
 use super::download::{self, Expect};
+use super::EvalTransform;
 use crate::bail_user;
 use crate::model::ModelKind;
 
@@ -80,7 +81,6 @@ pub struct PretrainedCfg {
 pub struct HubFiles {
     pub weights: PathBuf,
     pub config: TimmConfig,
-    pub model: ModelKind,
 }
 
 /// The hub's cache folder.
@@ -108,16 +108,16 @@ pub fn fetch(repo: &Repo) -> Result<HubFiles> {
         Ok(Err(e)) => bail_user!("{what}: {} is not timm's config.json ({e})", config_path.display()),
         Err(e) => bail_user!("{what}: cannot read {} ({e})", config_path.display()),
     };
-    let Some(model) = SAME_AS_TORCHVISION.iter().copied().find(|k| k.name() == config.architecture) else {
+    if !SAME_AS_TORCHVISION.iter().any(|k| k.name() == config.architecture) {
         let mapped: Vec<&str> = SAME_AS_TORCHVISION.iter().map(|k| k.name()).collect();
         bail_user!(
             "{what}: timm's {} names its tensors its own way; ringtrain reads timm's {} (whose names are torchvision's)",
             config.architecture,
             mapped.join(", ")
         );
-    };
+    }
     let weights = file(repo, WEIGHTS_FILE, &what)?;
-    Ok(HubFiles { weights, config, model })
+    Ok(HubFiles { weights, config })
 }
 
 /// `repo`'s `name` at `main`: the cached snapshot's, else downloaded.
@@ -200,11 +200,19 @@ fn is_hex(s: &str) -> bool {
 }
 
 impl TimmConfig {
-    /// timm's evaluation transform: `Resize(floor(size / crop_pct))` + `CenterCrop(size)`.
-    pub fn eval_sizes(&self) -> Option<(u32, u32)> {
-        let size = *self.pretrained_cfg.input_size.as_ref()?.last()?;
-        let crop_pct = self.pretrained_cfg.crop_pct.unwrap_or(0.875);
-        Some((size, (size as f64 / crop_pct).floor() as u32))
+    /// timm's evaluation transform: `Resize(floor(size / crop_pct))` + `CenterCrop(size)`, its
+    /// filter, mean and std.
+    pub fn eval_transform(&self) -> Option<EvalTransform> {
+        let cfg = &self.pretrained_cfg;
+        let size = *cfg.input_size.as_ref()?.last()?;
+        let crop_pct = cfg.crop_pct.unwrap_or(0.875);
+        Some(EvalTransform {
+            img_size: size,
+            resize: (size as f64 / crop_pct).floor() as u32,
+            bicubic: cfg.interpolation.as_deref() == Some("bicubic"),
+            mean: cfg.mean.clone().filter(|m| m.len() == 3),
+            std: cfg.std.clone().filter(|s| s.len() == 3),
+        })
     }
 }
 

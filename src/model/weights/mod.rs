@@ -80,6 +80,8 @@ pub struct Loaded {
     pub key: Option<String>,
     /// Other dicts of tensors at the checkpoint's top (an EMA) `--pretrained-key` could pick.
     pub others: Vec<String>,
+    /// How published weights were evaluated (None for a file).
+    pub eval: Option<EvalTransform>,
 }
 
 impl WeightsSource {
@@ -92,8 +94,8 @@ impl WeightsSource {
         }
     }
 
-    /// The evaluation transform published weights were measured with (for the hub: read from
-    /// timm's config, which is fetched for it).
+    /// The evaluation transform published weights were measured with: torchvision's from the
+    /// table; the hub's from timm's config, which is fetched for it.
     pub fn eval_transform(&self) -> Result<Option<EvalTransform>> {
         Ok(match self {
             WeightsSource::File(_) => None,
@@ -104,17 +106,7 @@ impl WeightsSource {
                 mean: None,
                 std: None,
             }),
-            WeightsSource::HfHub(r) => {
-                let files = hf_hub::fetch(r)?;
-                let cfg = &files.config.pretrained_cfg;
-                files.config.eval_sizes().map(|(img_size, resize)| EvalTransform {
-                    img_size,
-                    resize,
-                    bicubic: cfg.interpolation.as_deref() == Some("bicubic"),
-                    mean: cfg.mean.clone().filter(|m| m.len() == 3),
-                    std: cfg.std.clone().filter(|s| s.len() == 3),
-                })
-            }
+            WeightsSource::HfHub(r) => hf_hub::fetch(r)?.config.eval_transform(),
         })
     }
 
@@ -143,10 +135,17 @@ impl WeightsSource {
     /// The state_dict: fetched, read whatever its format (`key`: the dict of a PyTorch
     /// checkpoint that holds it), wrapper prefixes (`module.`) taken off.
     pub fn read(&self, key: Option<&str>) -> Result<Loaded> {
-        let path = self.fetch()?;
+        let (path, eval) = match self {
+            // One look at the hub's cache gives both.
+            WeightsSource::HfHub(r) => {
+                let files = hf_hub::fetch(r)?;
+                (files.weights, files.config.eval_transform())
+            }
+            _ => (self.fetch()?, self.eval_transform()?),
+        };
         if !pth::is_safetensors(&path) {
             let c = pth::read(&path, key)?;
-            return Ok(Loaded { weights: c.weights, path, key: c.key, others: c.others });
+            return Ok(Loaded { weights: c.weights, path, key: c.key, others: c.others, eval });
         }
         if let Some(k) = key {
             bail_user!("--pretrained-key {k}: {} is a safetensors file, which has no keys to choose from", path.display());
@@ -159,7 +158,7 @@ impl WeightsSource {
                 crate::error::first_line(&e.to_string())
             ),
         };
-        Ok(Loaded { weights, path, key: None, others: Vec::new() })
+        Ok(Loaded { weights, path, key: None, others: Vec::new(), eval })
     }
 }
 
@@ -170,6 +169,11 @@ pub fn common_prefix(weights: &StateDict) -> Option<String> {
     let (p, _) = first.split_once('.')?;
     let p = format!("{p}.");
     weights.keys().all(|k| k.starts_with(&p)).then_some(p)
+}
+
+/// `weights` with `prefix` taken off every name (which `common_prefix` found on all of them).
+pub fn without_prefix(weights: &StateDict, prefix: &str) -> StateDict {
+    weights.iter().map(|(k, t)| (k[prefix.len()..].to_string(), t.shallow_clone())).collect()
 }
 
 /// `--model` and the weights' own architecture must agree.
