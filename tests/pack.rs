@@ -214,9 +214,8 @@ fn a_pack_splits_as_its_folder_does() {
     let (d, data) = folder();
     let p = packed(&data, &d.path().join("raw.pack"), Store::Raw, None);
     let names = |root: &Path, s: &ringtrain::data::source::Samples| -> Vec<PathBuf> {
-        s.items
-            .iter()
-            .map(|(p, _)| p.strip_prefix(root).unwrap().to_path_buf())
+        (0..s.len())
+            .map(|i| s.path(i).strip_prefix(root).unwrap().to_path_buf())
             .collect()
     };
     let (ft, fv) = ringtrain::data::split::stratified(&Dataset::open(&data, "--data").unwrap(), 0.3, 5);
@@ -411,6 +410,17 @@ fn a_pack_is_replaced_atomically_and_bad_packs_are_refused() {
         .unwrap();
     let e = Dataset::open(&p, "--data").err().unwrap().to_string();
     assert!(e.contains("older than its folder") && e.contains("1 changed"), "{e}");
+    // Packed again, then an image added in a nested folder, where no file changed: its
+    // directory's modification time tells.
+    let p = packed(&data, &d.path().join("again.pack"), Store::Raw, None);
+    assert_eq!(Dataset::open(&p, "--data").unwrap().len(), 21);
+    std::fs::create_dir(data.join("class1/deeper")).unwrap();
+    let p2 = packed(&data, &d.path().join("nested.pack"), Store::Raw, None);
+    std::fs::copy(&png, data.join("class1/deeper/new.PNG")).unwrap();
+    let e = Dataset::open(&p2, "--data").err().unwrap().to_string();
+    assert!(e.contains("1 added, 0 removed, 0 changed"), "{e}");
+    std::fs::remove_file(data.join("class1/deeper/new.PNG")).unwrap();
+    std::fs::remove_dir(data.join("class1/deeper")).unwrap();
     // Moved to where its folder is not: it stands alone.
     std::fs::rename(&data, d.path().join("elsewhere")).unwrap();
     assert_eq!(Dataset::open(&p, "--data").unwrap().len(), 21);

@@ -1,37 +1,68 @@
 //! ImageFolder scanning with torchvision's semantics: classes are the sorted names of the
-//! sub-directories of the root, samples are the image files below each (recursively, sorted).
+//! sub-directories of the root, samples are the image files below each, in the order
+//! torchvision's `make_dataset` lists them. Class folders are walked in parallel, and an entry
+//! costs no `stat` unless it is a symlink (the directory listing says what it is): a million
+//! files are listed in about a second.
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use rayon::prelude::*;
 
+use super::catalog::Catalog;
 use crate::bail_user;
 
-/// Extensions accepted, compared case-insensitively.
-pub const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg", "bmp", "webp"];
+/// Extensions accepted, compared case-insensitively: torchvision's `IMG_EXTENSIONS`.
+pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"];
 
 #[derive(Debug, Clone)]
 pub struct ImageFolder {
     pub root: PathBuf,
     pub classes: Vec<String>,
-    /// (path, class index), ordered by class then path, as torchvision's `make_dataset`.
-    pub samples: Vec<(PathBuf, usize)>,
+    /// Each image's path under `root` and its class, ordered by class, then as torchvision lists them.
+    pub catalog: Catalog,
+    /// Every directory walked, under `root` ("" is the root itself): a file added or removed
+    /// changes its directory's modification time (`pack::check_fresh`).
+    pub dirs: Vec<PathBuf>,
 }
 
+/// Whether a file name ends in one of the extensions, in any letter case, as torchvision's
+/// `has_file_allowed_extension` tests it (`name.lower().endswith(".jpg")`, so `.JPG` too).
 pub fn is_image_file(path: &Path) -> bool {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .map(|e| IMAGE_EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
-        .unwrap_or(false)
+    let name = path.file_name().map_or(&[][..], |n| n.as_bytes());
+    IMAGE_EXTENSIONS.iter().any(|x| {
+        name.len() > x.len() && name[name.len() - x.len() - 1] == b'.' && name[name.len() - x.len()..].eq_ignore_ascii_case(x.as_bytes())
+    })
 }
 
-/// Image files under `dir`, recursively, sorted; symlinks are followed as torchvision does
-/// (`os.walk(followlinks=True)`), but a link back to a directory being walked is refused (it
-/// would recurse forever). Errors name the path.
+/// Image files under `dir`, recursively, in torchvision's order (`walk_sorted`).
 pub fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    walk(dir, out, &mut Vec::new())
+    for rel in walk_sorted(dir)?.0 {
+        out.push(dir.join(rel));
+    }
+    Ok(())
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>, ancestors: &mut Vec<PathBuf>) -> Result<()> {
+/// The image files under `dir` (paths relative to it) as `make_dataset` lists them:
+/// `for root, _, files in sorted(os.walk(dir, followlinks=True)): for f in sorted(files)`. That
+/// is every directory in the order of its path as a string (so `a b/` comes before `a/x/`), and
+/// in each its files by name. Symlinks are followed, but a link back to a directory being walked
+/// is refused (it would recurse forever). Errors name the path. Returns the files and the
+/// directories walked.
+pub fn walk_sorted(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let mut dirs = Vec::new();
+    walk(dir, PathBuf::new(), &mut dirs, &mut Vec::new())?;
+    dirs.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
+    let mut files = Vec::new();
+    for (rel, names) in &dirs {
+        files.extend(names.iter().map(|f| rel.join(f)));
+    }
+    Ok((files, dirs.into_iter().map(|d| d.0).collect()))
+}
+
+/// Adds (`rel`, its image files sorted) for `dir` = base/`rel` and every directory below it.
+fn walk(dir: &Path, rel: PathBuf, dirs: &mut Vec<(PathBuf, Vec<OsString>)>, ancestors: &mut Vec<PathBuf>) -> Result<()> {
     let real = match std::fs::canonicalize(dir) {
         Ok(r) => r,
         Err(e) => bail_user!("cannot read directory {}: {e}", dir.display()),
@@ -47,27 +78,34 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, ancestors: &mut Vec<PathBuf>) -> Res
         Ok(l) => l,
         Err(e) => bail_user!("cannot read directory {}: {e}", dir.display()),
     };
-    let mut entries = listing;
-    entries.sort_by_key(|e| e.file_name());
-    ancestors.push(real);
-    for e in entries {
-        let path = e.path();
-        let meta = match std::fs::metadata(&path) {
-            Ok(m) => m,
-            // A dangling symlink: an image that cannot be read (reported when loaded), else ignored.
-            Err(_) if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) => {
-                if is_image_file(&path) {
-                    out.push(path);
-                }
-                continue;
-            }
-            Err(e) => bail_user!("cannot read {}: {e}", path.display()),
+    let (mut files, mut subdirs) = (Vec::new(), Vec::new());
+    for e in listing {
+        let name = e.file_name();
+        let is_dir = match e.file_type() {
+            Ok(t) if t.is_dir() => true,
+            Ok(t) if t.is_file() => false,
+            // A symlink (or a file system that does not say): what it points to decides. A
+            // dangling one with an image's name is listed, as torchvision lists it (reported
+            // when it cannot be read).
+            _ => match std::fs::metadata(e.path()) {
+                Ok(m) if m.is_dir() => true,
+                Ok(m) if !m.is_file() => continue,
+                Ok(_) => false,
+                Err(_) if std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.file_type().is_symlink()) => false,
+                Err(err) => bail_user!("cannot read {}: {err}", e.path().display()),
+            },
         };
-        if meta.is_dir() {
-            walk(&path, out, ancestors)?;
-        } else if meta.is_file() && is_image_file(&path) {
-            out.push(path);
+        if is_dir {
+            subdirs.push(name);
+        } else if is_image_file(Path::new(&name)) {
+            files.push(name);
         }
+    }
+    files.sort();
+    ancestors.push(real);
+    dirs.push((rel.clone(), files));
+    for d in subdirs {
+        walk(&dir.join(&d), rel.join(&d), dirs, ancestors)?;
     }
     ancestors.pop();
     Ok(())
@@ -103,32 +141,47 @@ impl ImageFolder {
                 root.display()
             );
         }
-        let mut samples = Vec::new();
-        for (idx, class) in classes.iter().enumerate() {
-            let mut files = Vec::new();
-            walk_images(&root.join(class), &mut files)?;
-            if files.is_empty() {
-                bail_user!(
-                    "class '{class}' has no images ({}): {}",
-                    IMAGE_EXTENSIONS.join(" "),
-                    root.join(class).display()
-                );
-            }
-            samples.extend(files.into_iter().map(|p| (p, idx)));
+        let per_class: Vec<Result<(Catalog, Vec<PathBuf>)>> = classes
+            .par_iter()
+            .enumerate()
+            .map(|(idx, class)| {
+                let (files, dirs) = walk_sorted(&root.join(class))?;
+                if files.is_empty() {
+                    bail_user!(
+                        "class '{class}' has no images ({}): {}",
+                        IMAGE_EXTENSIONS.join(" "),
+                        root.join(class).display()
+                    );
+                }
+                let catalog = files.into_iter().map(|f| (Path::new(class).join(f), idx)).collect();
+                Ok((catalog, dirs.into_iter().map(|d| Path::new(class).join(d)).collect()))
+            })
+            .collect();
+        let (mut catalog, mut dirs) = (Catalog::default(), vec![PathBuf::new()]);
+        for c in per_class {
+            let (names, mut walked) = c?;
+            catalog.append(&names);
+            dirs.append(&mut walked);
         }
         Ok(ImageFolder {
             root: root.to_path_buf(),
             classes,
-            samples,
+            catalog,
+            dirs,
         })
     }
 
     pub fn len(&self) -> usize {
-        self.samples.len()
+        self.catalog.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
+        self.catalog.is_empty()
+    }
+
+    /// Image `i`'s path.
+    pub fn path(&self, i: usize) -> PathBuf {
+        self.root.join(self.catalog.name(i))
     }
 }
 
@@ -165,22 +218,26 @@ mod tests {
         touch(&d.path().join("a/x.JpG"));
         touch(&d.path().join("a/notes.txt"));
         touch(&d.path().join("C/y.webp"));
+        touch(&d.path().join("b/sub b/3.TIFF"));
+        touch(&d.path().join("b/sub/x/4.pgm"));
+        touch(&d.path().join("b/.ppm"));
+        touch(&d.path().join("b/ppm"));
         let f = ImageFolder::scan(d.path(), "--data").unwrap();
         assert_eq!(f.classes, vec!["C", "a", "b"]);
-        let rel: Vec<_> = f
-            .samples
-            .iter()
-            .map(|(p, c)| (p.strip_prefix(d.path()).unwrap().to_owned(), *c))
-            .collect();
-        assert_eq!(
-            rel,
-            vec![
-                (PathBuf::from("C/y.webp"), 0),
-                (PathBuf::from("a/x.JpG"), 1),
-                (PathBuf::from("b/1.PNG"), 2),
-                (PathBuf::from("b/sub/2.jpeg"), 2)
-            ]
-        );
+        let rel: Vec<_> = (0..f.len()).map(|i| (f.catalog.name(i).to_owned(), f.catalog.label(i))).collect();
+        // torchvision's order: a folder's own files, then its sub-folders by their path as a
+        // string ("sub b" before "sub/x", as ' ' < '/').
+        let want = [
+            ("C/y.webp", 0),
+            ("a/x.JpG", 1),
+            ("b/.ppm", 2),
+            ("b/1.PNG", 2),
+            ("b/sub/2.jpeg", 2),
+            ("b/sub b/3.TIFF", 2),
+            ("b/sub/x/4.pgm", 2),
+        ];
+        assert_eq!(rel, want.map(|(p, c)| (PathBuf::from(p), c)));
+        assert_eq!(f.path(0), d.path().join("C/y.webp"));
     }
 
     #[test]

@@ -383,7 +383,7 @@ impl BatchJob<'_> {
                 }
                 // The path goes with the warning; the reason is the decoder's own words.
                 Err(e) if self.skip_unreadable => {
-                    unreadable.push((self.samples.path(i).to_path_buf(), e.root_cause().to_string()))
+                    unreadable.push((self.samples.path(i), e.root_cause().to_string()))
                 }
                 Err(e) => return Err(e),
             }
@@ -423,7 +423,6 @@ pub(crate) fn load_sample(
     out: &mut [u8],
 ) -> Result<()> {
     let rng = &mut seeds::sample(seed, epoch, i as u64);
-    let path = samples.path(i);
     let stored = match cache.and_then(|c| c.get(i)) {
         Some(img) => Stored::Raw(img),
         None => samples.read(i)?,
@@ -433,12 +432,12 @@ pub(crate) fn load_sample(
         Stored::Raw(img) => (img, t.source_box(img.width, img.height, rng)),
         Stored::Encoded(bytes) => {
             let shrink_to = (!whole_jpeg && cache.is_none()).then_some(t.size());
-            let (img, bx) = decode_bytes_for(&bytes, path, shrink_to, |w, h| t.source_box(w, h, rng))?;
+            let (img, bx) = decode_bytes_for(&bytes, &samples.path(i), shrink_to, |w, h| t.source_box(w, h, rng))?;
             (RgbView::from(&*decoded.insert(img)), bx)
         }
     };
     t.finish(img, bx, rng, out)
-        .with_context(|| format!("transforming {}", path.display()))?;
+        .with_context(|| format!("transforming {}", samples.path(i).display()))?;
     if let (Some(c), Some(img)) = (cache, decoded) {
         c.put(i, img.width(), img.height(), img.into_raw());
     }

@@ -1,6 +1,7 @@
 //! Data: folder scanning → decode → augment → batches (uint8 NHWC on the host).
 //! Normalisation to float happens on the device (`Normalizer`).
 pub mod cache;
+pub mod catalog;
 pub mod decode;
 pub mod demo;
 pub mod erasing;

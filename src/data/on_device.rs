@@ -232,7 +232,7 @@ fn decode(samples: &Samples, i: usize, shrink_to: Option<u32>) -> Result<(RgbIma
         }
         Stored::Encoded(bytes) => {
             let path = samples.path(i);
-            super::decode::decode_bytes_for(&bytes, path, shrink_to, CropBox::whole)
+            super::decode::decode_bytes_for(&bytes, &path, shrink_to, CropBox::whole)
                 .with_context(|| format!("loading {}", path.display()))
         }
     }

@@ -16,7 +16,6 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
 
 use anyhow::{Context, Result};
 use fast_image_resize as fr;
@@ -56,6 +55,15 @@ pub struct SourceFile {
     pub mtime_ns: i64,
 }
 
+/// A directory of the source folder as it was when packed: a file added, removed or renamed
+/// in it changes its modification time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceDir {
+    /// Path under the folder, '/'-separated.
+    pub name: String,
+    pub mtime_ns: i64,
+}
+
 /// One image in the pack.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Record {
@@ -78,6 +86,10 @@ pub struct Index {
     /// The folder packed (absolute) and every image file in it, in folder order.
     pub root: PathBuf,
     pub files: Vec<SourceFile>,
+    /// Every directory of the folder ("" the folder itself) and its modification time. Packs
+    /// written before this was recorded have none.
+    #[serde(default)]
+    pub dirs: Vec<SourceDir>,
     /// The images, in folder order; files that could not be read have none.
     pub records: Vec<Record>,
 }
@@ -167,7 +179,13 @@ impl Pack {
         if !root.is_dir() {
             return Ok(());
         }
+        if self.unchanged(root) {
+            return Ok(());
+        }
         let now = source_files(&ImageFolder::scan(root, what)?)?;
+        if now == self.index.files {
+            return Ok(());
+        }
         let before: std::collections::HashMap<&str, &SourceFile> =
             self.index.files.iter().map(|f| (f.name.as_str(), f)).collect();
         let (mut added, mut changed) = (0, 0);
@@ -187,6 +205,19 @@ impl Pack {
             );
         }
         Ok(())
+    }
+
+    /// The usual case, proved without listing the folder: every directory has its modification
+    /// time (nothing added, removed or renamed in it) and every file its size and time. Any
+    /// difference (or a pack without directory times) is left to the full comparison.
+    fn unchanged(&self, root: &Path) -> bool {
+        let dirs = &self.index.dirs;
+        let dirs_same = !dirs.is_empty()
+            && dirs
+                .par_iter()
+                .all(|d| std::fs::metadata(root.join(&d.name)).is_ok_and(|m| mtime_ns(&m) == d.mtime_ns));
+        let files = &self.index.files;
+        dirs_same && stat_files(root, files.len(), |i| Path::new(&files[i].name)).is_ok_and(|now| now == *files)
     }
 
     /// Bytes of its images' data.
@@ -292,6 +323,7 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
     }
     let folder = ImageFolder::scan(data, "--data")?;
     let root = std::fs::canonicalize(data).with_context(|| format!("resolving {}", data.display()))?;
+    let dirs = source_dirs(&folder)?;
     let files = source_files(&folder)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(o.workers.max(1))
@@ -304,18 +336,19 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
         w.write_all(&0u32.to_le_bytes())?;
         let bar = crate::report::progress::count_bar(folder.len() as u64, "packing");
         let (mut records, mut unreadable, mut offset) = (Vec::new(), Vec::new(), HEAD);
-        for (start, chunk) in (0..folder.len()).step_by(CHUNK).zip(folder.samples.chunks(CHUNK)) {
+        for start in (0..folder.len()).step_by(CHUNK) {
+            let chunk = start..(start + CHUNK).min(folder.len());
             let items: Vec<Result<(Vec<u8>, u32, u32)>> =
-                pool.install(|| chunk.par_iter().map(|(p, _)| read_one(p, o)).collect());
+                pool.install(|| chunk.clone().into_par_iter().map(|i| read_one(&folder.path(i), o)).collect());
             for (k, item) in items.into_iter().enumerate() {
-                let (path, label) = &folder.samples[start + k];
+                let label = folder.catalog.label(start + k);
                 match item {
                     Ok((bytes, width, height)) => {
                         w.write_all(&bytes)
                             .with_context(|| format!("writing {}", out.display()))?;
                         records.push(Record {
                             file: start + k,
-                            label: *label,
+                            label,
                             offset,
                             len: bytes.len() as u64,
                             width,
@@ -323,7 +356,7 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
                         });
                         offset += bytes.len() as u64;
                     }
-                    Err(e) => unreadable.push((path.clone(), e.root_cause().to_string())),
+                    Err(e) => unreadable.push((folder.path(start + k), e.root_cause().to_string())),
                 }
             }
             bar.inc(chunk.len() as u64);
@@ -335,6 +368,7 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
             classes: folder.classes.clone(),
             root: root.clone(),
             files,
+            dirs,
             records,
         };
         // A class whose every image was unreadable would train without it: refuse.
@@ -404,25 +438,78 @@ pub fn resize(img: RgbView<'_>, w: u32, h: u32) -> Result<Vec<u8>> {
 
 /// Every image file of `folder` with its size and modification time, in folder order.
 fn source_files(folder: &ImageFolder) -> Result<Vec<SourceFile>> {
+    stat_files(&folder.root, folder.len(), |i| folder.catalog.name(i))
+}
+
+/// The files `name(0..n)` under `root` with their sizes and modification times. The files of a
+/// directory are `stat`ed relative to it (no walk of the whole path each time), the directories
+/// in parallel.
+fn stat_files<'a>(root: &Path, n: usize, name: impl Fn(usize) -> &'a Path + Sync) -> Result<Vec<SourceFile>> {
+    // Runs of consecutive files in one directory (a folder's files are listed together).
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for i in 1..=n {
+        if i == n || name(i).parent() != name(start).parent() {
+            runs.push(start..i);
+            start = i;
+        }
+    }
+    let per_dir: Vec<Result<Vec<SourceFile>>> = runs
+        .into_par_iter()
+        .map(|run| {
+            let dir = root.join(name(run.start).parent().unwrap_or(Path::new("")));
+            let dir = File::open(&dir).with_context(|| format!("cannot read {}", dir.display()))?;
+            run.map(|i| {
+                let meta = stat_at(&dir, name(i).file_name().unwrap_or_default())
+                    .with_context(|| format!("cannot read {}", root.join(name(i)).display()))?;
+                Ok(SourceFile {
+                    name: name(i).to_string_lossy().into_owned(),
+                    size: meta.st_size as u64,
+                    mtime_ns: meta.st_mtime * 1_000_000_000 + meta.st_mtime_nsec,
+                })
+            })
+            .collect()
+        })
+        .collect();
+    let mut files = Vec::with_capacity(n);
+    for d in per_dir {
+        files.append(&mut d?);
+    }
+    Ok(files)
+}
+
+fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    m.mtime() * 1_000_000_000 + m.mtime_nsec()
+}
+
+/// The directories of `folder` with their modification times.
+fn source_dirs(folder: &ImageFolder) -> Result<Vec<SourceDir>> {
     folder
-        .samples
-        .iter()
-        .map(|(p, _)| {
-            let meta = std::fs::metadata(p).with_context(|| format!("cannot read {}", p.display()))?;
-            let mtime_ns = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos() as i64);
-            let name = p.strip_prefix(&folder.root).unwrap_or(p);
-            let name = name.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>().join("/");
-            Ok(SourceFile {
-                name,
-                size: meta.len(),
-                mtime_ns,
+        .dirs
+        .par_iter()
+        .map(|d| {
+            let p = folder.root.join(d);
+            let m = std::fs::metadata(&p).with_context(|| format!("cannot read {}", p.display()))?;
+            Ok(SourceDir {
+                name: d.to_string_lossy().into_owned(),
+                mtime_ns: mtime_ns(&m),
             })
         })
         .collect()
+}
+
+/// `stat` of `name` in the open directory `dir` (symlinks followed).
+fn stat_at(dir: &File, name: &std::ffi::OsStr) -> std::io::Result<libc::stat> {
+    use std::os::fd::AsRawFd;
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(name))?;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: a valid directory descriptor, a NUL-terminated name and room for the result.
+    match unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), 0) } {
+        // SAFETY: filled in by a successful fstatat.
+        0 => Ok(unsafe { st.assume_init() }),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// Whether `path` starts as a pack does.

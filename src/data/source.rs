@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
+use super::catalog::Catalog;
 use super::folder::ImageFolder;
 use super::pack::{Contents, Pack, Store};
 use super::transform::RgbView;
@@ -19,69 +20,88 @@ pub enum Stored<'a> {
     Raw(RgbView<'a>),
 }
 
-/// Samples in a fixed order; cloning shares the pack.
+/// Samples in a fixed order; cloning shares the list and the pack.
 #[derive(Clone)]
 pub struct Samples {
-    /// (name, label) of each sample: its file, or `<pack>/<its file's name in the folder>`.
-    pub items: Vec<(PathBuf, usize)>,
+    /// Names and labels of every sample of the source.
+    catalog: Arc<Catalog>,
+    /// Sample i is entry `picks[i]` of the catalog (and record `picks[i]` of a pack).
+    picks: Vec<u32>,
     origin: Origin,
 }
 
 #[derive(Clone)]
 enum Origin {
-    Files,
-    /// Sample i is record `records[i]` of the pack.
-    Pack {
-        pack: Arc<Pack>,
-        records: Vec<usize>,
-    },
+    /// Image files: the catalog's names are paths under `root`.
+    Files { root: PathBuf },
+    /// A pack's records: the catalog's names are its files' names in the folder packed.
+    Pack(Arc<Pack>),
 }
 
+/// Loose image files (`predict`'s inputs): (path, label).
 impl From<Vec<(PathBuf, usize)>> for Samples {
     fn from(items: Vec<(PathBuf, usize)>) -> Self {
-        Samples {
-            items,
-            origin: Origin::Files,
-        }
+        Samples::of_files(PathBuf::new(), items.into_iter().collect())
     }
 }
 
 impl Samples {
+    /// Every file of `catalog`, whose names are paths under `root`.
+    pub fn of_files(root: PathBuf, catalog: Catalog) -> Self {
+        Samples {
+            picks: (0..catalog.len() as u32).collect(),
+            catalog: Arc::new(catalog),
+            origin: Origin::Files { root },
+        }
+    }
+
     /// Every record of `pack`, in its (folder) order.
     pub fn of_pack(pack: Arc<Pack>) -> Self {
-        let items = (0..pack.len())
-            .map(|i| (pack.name(i), pack.index.records[i].label))
+        let catalog = pack
+            .index
+            .records
+            .iter()
+            .map(|r| (&pack.index.files[r.file].name, r.label))
             .collect();
         Samples {
-            items,
-            origin: Origin::Pack {
-                records: (0..pack.len()).collect(),
-                pack,
-            },
+            picks: (0..pack.len() as u32).collect(),
+            catalog: Arc::new(catalog),
+            origin: Origin::Pack(pack),
         }
     }
 
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.picks.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.picks.is_empty()
     }
 
-    pub fn path(&self, i: usize) -> &Path {
-        &self.items[i].0
+    /// Sample `i`'s name: its file, or `<pack>/<its file's name in the folder>`.
+    pub fn path(&self, i: usize) -> PathBuf {
+        let name = self.catalog.name(self.picks[i] as usize);
+        match &self.origin {
+            Origin::Files { root } => root.join(name),
+            Origin::Pack(pack) => pack.path.join(name),
+        }
     }
 
     pub fn label(&self, i: usize) -> usize {
-        self.items[i].1
+        self.catalog.label(self.picks[i] as usize)
+    }
+
+    /// Sample `i`'s name under the set's root (a file's path in its folder), for orderings
+    /// that must not depend on where the set lies.
+    pub fn name(&self, i: usize) -> &Path {
+        self.catalog.name(self.picks[i] as usize)
     }
 
     /// The pack the samples come from, if any.
     pub fn pack(&self) -> Option<&Pack> {
         match &self.origin {
-            Origin::Pack { pack, .. } => Some(pack),
-            Origin::Files => None,
+            Origin::Pack(pack) => Some(pack),
+            Origin::Files { .. } => None,
         }
     }
 
@@ -93,12 +113,12 @@ impl Samples {
     /// Sample `i` as stored: a file is read here (errors name it).
     pub fn read(&self, i: usize) -> Result<Stored<'_>> {
         match &self.origin {
-            Origin::Files => {
-                let path = &self.items[i].0;
-                let bytes = std::fs::read(path).with_context(|| format!("cannot open image {}", path.display()))?;
+            Origin::Files { .. } => {
+                let path = self.path(i);
+                let bytes = std::fs::read(&path).with_context(|| format!("cannot open image {}", path.display()))?;
                 Ok(Stored::Encoded(Cow::Owned(bytes)))
             }
-            Origin::Pack { pack, records } => Ok(match pack.contents(records[i]) {
+            Origin::Pack(pack) => Ok(match pack.contents(self.picks[i] as usize) {
                 Contents::Raw(v) => Stored::Raw(v),
                 Contents::Encoded(b) => Stored::Encoded(Cow::Borrowed(b)),
             }),
@@ -107,15 +127,20 @@ impl Samples {
 
     /// The samples at `picks`, in that order.
     pub fn select(&self, picks: &[usize]) -> Samples {
-        let items = picks.iter().map(|&i| self.items[i].clone()).collect();
-        let origin = match &self.origin {
-            Origin::Files => Origin::Files,
-            Origin::Pack { pack, records } => Origin::Pack {
-                pack: pack.clone(),
-                records: picks.iter().map(|&i| records[i]).collect(),
-            },
-        };
-        Samples { items, origin }
+        Samples {
+            catalog: self.catalog.clone(),
+            picks: picks.iter().map(|&i| self.picks[i]).collect(),
+            origin: self.origin.clone(),
+        }
+    }
+
+    /// The sample indices of each class, in order.
+    pub fn by_label(&self, classes: usize) -> Vec<Vec<usize>> {
+        let mut out = vec![Vec::new(); classes];
+        for i in 0..self.len() {
+            out[self.label(i)].push(i);
+        }
+        out
     }
 }
 
@@ -142,9 +167,9 @@ impl Dataset {
         }
         let folder = ImageFolder::scan(path, what)?;
         Ok(Dataset {
+            samples: Samples::of_files(folder.root.clone(), folder.catalog),
             root: folder.root,
             classes: folder.classes,
-            samples: folder.samples.into(),
         })
     }
 

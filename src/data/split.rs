@@ -2,7 +2,7 @@
 //! (`<dst>/train/<class>/...`, `<dst>/val/<class>/...`), by copy or hard link, reproducible from
 //! its seed. It refuses to write into an existing directory, and builds the result under a
 //! temporary name first, so an interrupted split leaves no half-filled `dst`.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use rand::seq::SliceRandom;
@@ -17,22 +17,14 @@ pub struct SplitCounts {
     pub per_class: Vec<(String, usize, usize)>,
 }
 
-/// Which files of each class go to validation: a seeded shuffle of the sorted files, the first
-/// round(n × ratio) of it (at least one when the class has two or more images, never all).
-pub fn plan(folder: &ImageFolder, val_ratio: f64, seed: u64) -> Vec<(PathBuf, usize, bool)> {
-    plan_items(&folder.samples, folder.classes.len(), val_ratio, seed)
-        .into_iter()
-        .map(|(i, is_val)| (folder.samples[i].0.clone(), folder.samples[i].1, is_val))
-        .collect()
-}
-
-/// `plan` over (path, class) items: (item index, goes to validation), class by class. Packs
-/// name their images `<pack>/<path in the folder>`, so a pack splits as its folder does.
-fn plan_items(items: &[(PathBuf, usize)], classes: usize, val_ratio: f64, seed: u64) -> Vec<(usize, bool)> {
-    let mut out = Vec::new();
-    for c in 0..classes {
-        let mut files: Vec<usize> = (0..items.len()).filter(|&i| items[i].1 == c).collect();
-        files.sort_by(|&a, &b| items[a].0.cmp(&items[b].0));
+/// Which samples of each class go to validation: a seeded shuffle of the class's files sorted
+/// by path, the first round(n × ratio) of it (at least one when the class has two or more
+/// images, never all). Returns (sample index, goes to validation), class by class. Names are
+/// paths under the set's root, and a pack's are its folder's, so a pack splits as its folder does.
+fn plan(samples: &Samples, classes: usize, val_ratio: f64, seed: u64) -> Vec<(usize, bool)> {
+    let mut out = Vec::with_capacity(samples.len());
+    for (c, mut files) in samples.by_label(classes).into_iter().enumerate() {
+        files.sort_by(|&a, &b| samples.name(a).cmp(samples.name(b)));
         files.shuffle(&mut crate::seeds::split(seed, c as u64));
         let n = files.len();
         let n_val = if n >= 2 {
@@ -48,7 +40,7 @@ fn plan_items(items: &[(PathBuf, usize)], classes: usize, val_ratio: f64, seed: 
 /// The same split as (train samples, val samples), for `train --val-split` without copying.
 pub fn stratified(data: &Dataset, val_ratio: f64, seed: u64) -> (Samples, Samples) {
     let (mut train, mut val) = (Vec::new(), Vec::new());
-    for (i, is_val) in plan_items(&data.samples.items, data.classes.len(), val_ratio, seed) {
+    for (i, is_val) in plan(&data.samples, data.classes.len(), val_ratio, seed) {
         if is_val {
             val.push(i)
         } else {
@@ -69,6 +61,11 @@ pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool)
         );
     }
     let folder = ImageFolder::scan(src, "--src")?;
+    let data = Dataset {
+        samples: Samples::of_files(folder.root.clone(), folder.catalog),
+        root: folder.root,
+        classes: folder.classes,
+    };
     let tmp = dst.with_file_name(format!(
         ".{}.partial",
         dst.file_name()
@@ -79,15 +76,13 @@ pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool)
         std::fs::remove_dir_all(&tmp)?;
     }
     let mut counts = SplitCounts {
-        per_class: folder.classes.iter().map(|c| (c.clone(), 0, 0)).collect(),
+        per_class: data.classes.iter().map(|c| (c.clone(), 0, 0)).collect(),
     };
     let result = (|| -> Result<()> {
-        for (path, c, is_val) in plan(&folder, val_ratio, seed) {
-            let rel = path.strip_prefix(folder.root.join(&folder.classes[c])).unwrap_or(&path);
-            let target = tmp
-                .join(if is_val { "val" } else { "train" })
-                .join(&folder.classes[c])
-                .join(rel);
+        for (i, is_val) in plan(&data.samples, data.classes.len(), val_ratio, seed) {
+            let (path, c) = (data.samples.path(i), data.samples.label(i));
+            // The name is <class>/<path in the class folder>.
+            let target = tmp.join(if is_val { "val" } else { "train" }).join(data.samples.name(i));
             std::fs::create_dir_all(target.parent().expect("has a parent"))?;
             if hard_link {
                 std::fs::hard_link(&path, &target)
@@ -114,6 +109,7 @@ pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn split_is_stratified_reproducible_and_refuses_to_overwrite() {
@@ -132,19 +128,14 @@ mod tests {
         split(&src, &d.path().join("two"), 0.3, 7, true).unwrap();
         let list = |root: &Path| {
             let f = ImageFolder::scan(&root.join("val"), "--val").unwrap();
-            f.samples
-                .iter()
-                .map(|s| s.0.strip_prefix(root).unwrap().to_owned())
+            (0..f.len())
+                .map(|i| f.path(i).strip_prefix(root).unwrap().to_owned())
                 .collect::<Vec<_>>()
         };
         assert_eq!(list(&d.path().join("one")), list(&d.path().join("two")));
         // `train --val-split` holds out exactly the files `split` puts in val/.
         let (_, held_out) = stratified(&Dataset::open(&src, "--src").unwrap(), 0.3, 7);
-        let mut held: Vec<PathBuf> = held_out
-            .items
-            .iter()
-            .map(|(p, _)| p.strip_prefix(&src).unwrap().to_owned())
-            .collect();
+        let mut held: Vec<PathBuf> = (0..held_out.len()).map(|i| held_out.name(i).to_owned()).collect();
         let mut listed: Vec<PathBuf> = list(&d.path().join("one"))
             .iter()
             .map(|p| p.strip_prefix("val").unwrap().to_owned())

@@ -42,12 +42,12 @@ pub fn pixel_stats(data: &Dataset) -> Result<PixelStats> {
     let per_image: Vec<Result<Sums, (std::path::PathBuf, String)>> = (0..samples.len())
         .into_par_iter()
         .map(|i| {
-            let unreadable = |e: anyhow::Error| (samples.path(i).to_path_buf(), e.root_cause().to_string());
+            let unreadable = |e: anyhow::Error| (samples.path(i), e.root_cause().to_string());
             let decoded;
             let px: &[u8] = match samples.read(i).map_err(unreadable)? {
                 Stored::Raw(v) => v.px,
                 Stored::Encoded(bytes) => {
-                    decoded = decode_bytes(&bytes, samples.path(i)).map_err(unreadable)?;
+                    decoded = decode_bytes(&bytes, &samples.path(i)).map_err(unreadable)?;
                     decoded.as_raw()
                 }
             };

@@ -93,8 +93,8 @@ fn pack_inputs(path: &Path, classes: &[String]) -> Result<(Inputs, Samples)> {
     let set = Dataset::open(path, "input")?;
     let label = |c: usize| classes.iter().position(|k| *k == set.classes[c]);
     let inputs = Inputs {
-        paths: set.samples.items.iter().map(|(p, _)| p.clone()).collect(),
-        labels: set.samples.items.iter().map(|&(_, c)| label(c)).collect(),
+        paths: (0..set.len()).map(|i| set.samples.path(i)).collect(),
+        labels: (0..set.len()).map(|i| label(set.samples.label(i))).collect(),
     };
     Ok((inputs, set.samples))
 }

@@ -242,7 +242,7 @@ fn check_something_decodes(samples: &Samples, root: &Path) -> Result<()> {
     for i in 0..n {
         let decoded = match samples.read(i) {
             Ok(Stored::Raw(_)) => return Ok(()),
-            Ok(Stored::Encoded(bytes)) => crate::data::decode::decode_bytes(&bytes, samples.path(i)).map(|_| ()),
+            Ok(Stored::Encoded(bytes)) => crate::data::decode::decode_bytes(&bytes, &samples.path(i)).map(|_| ()),
             Err(e) => Err(e),
         };
         match decoded {

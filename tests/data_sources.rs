@@ -1,0 +1,97 @@
+//! Data as it comes: every file torchvision's ImageFolder takes, listed in its order and decoded
+//! as PIL decodes it (torchvision and PIL themselves are the references).
+mod common;
+
+use common::run_python_code;
+use ringtrain::data::decode::decode_rgb;
+use ringtrain::data::folder::ImageFolder;
+
+/// A tree with every extension torchvision accepts, in several letter cases, nested folders
+/// whose names sort differently as paths and as strings, a hidden file, a symlinked image, and
+/// files torchvision leaves out. PIL writes the images; torchvision lists them; ringtrain must
+/// list the same files in the same order with the same classes, and decode each to PIL's pixels.
+#[test]
+fn imagefolder_lists_and_decodes_what_torchvision_does() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("tree");
+    let listing = run_python_code(&format!(
+        r#"
+import os, numpy as np, torchvision
+from PIL import Image
+root = {root:?}
+rng = np.random.default_rng(0)
+def img(path, mode, size=(7, 5)):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    a = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    im = Image.fromarray(a).convert(mode)
+    fmt = {{'.jpg': 'JPEG', '.jpeg': 'JPEG', '.png': 'PNG', '.ppm': 'PPM', '.pgm': 'PPM', '.bmp': 'BMP',
+           '.tif': 'TIFF', '.tiff': 'TIFF', '.webp': 'WEBP'}}['.' + path.rsplit('.', 1)[1].lower()]
+    im.save(path, fmt, **({{'lossless': True}} if fmt == 'WEBP' else {{}}))
+for i, ext in enumerate(['jpg', 'JPG', 'jpeg', 'Jpeg', 'png', 'PNG', 'ppm', 'PPM', 'bmp', 'BMP',
+                         'tif', 'TIF', 'tiff', 'TiFf', 'webp', 'WEBP']):
+    img(f'{{root}}/cat/{{i:02d}}.{{ext}}', 'RGB')
+img(f'{{root}}/cat/gray.pgm', 'L')
+img(f'{{root}}/cat/gray_upper.PGM', 'L')
+img(f'{{root}}/cat/rgba.tiff', 'RGBA')
+img(f'{{root}}/cat/.ppm', 'RGB')
+img(f'{{root}}/dog/sub/a.png', 'RGB')
+img(f'{{root}}/dog/sub b/b.tif', 'RGB')
+img(f'{{root}}/dog/sub/x/c.ppm', 'RGB')
+img(f'{{root}}/dog/z.jpeg', 'RGB')
+img(f'{{root}}/dog/Z.TIFF', 'RGB')
+for skip in ['cat/notes.txt', 'cat/ppm', 'cat/a.gif.bak', 'dog/sub/readme.md']:
+    open(f'{{root}}/{{skip}}', 'w').write('x')
+os.symlink(f'{{root}}/cat/00.jpg', f'{{root}}/dog/linked.JPG')
+ds = torchvision.datasets.ImageFolder(root)
+print('\n'.join(ds.classes))
+print('--')
+for p, c in ds.samples:
+    print(f'{{c}}\t{{os.path.relpath(p, root)}}')
+"#,
+        root = root.to_str().unwrap()
+    ));
+    let (classes, samples) = listing.split_once("--\n").unwrap();
+    let want: Vec<(usize, String)> = samples
+        .lines()
+        .map(|l| {
+            let (c, p) = l.split_once('\t').unwrap();
+            (c.parse().unwrap(), p.to_string())
+        })
+        .collect();
+    let f = ImageFolder::scan(&root, "--data").unwrap();
+    assert_eq!(f.classes, classes.lines().collect::<Vec<_>>());
+    let got: Vec<(usize, String)> = (0..f.len())
+        .map(|i| (f.catalog.label(i), f.catalog.name(i).to_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(got.len(), 26, "every extension in every case, the hidden file and the link");
+
+    // Each decodes to PIL's convert("RGB") pixels (the JPEGs within JPEG's decoder differences).
+    let pil = run_python_code(&format!(
+        r#"
+import sys, hashlib, numpy as np
+from PIL import Image
+for rel in {names:?}:
+    a = np.asarray(Image.open({root:?} + '/' + rel).convert('RGB'))
+    print(a.shape[1], a.shape[0], a.tobytes().hex())
+"#,
+        names = want.iter().map(|w| w.1.as_str()).collect::<Vec<_>>(),
+        root = root.to_str().unwrap()
+    ));
+    for ((_, rel), line) in want.iter().zip(pil.lines()) {
+        let mut parts = line.split(' ');
+        let (w, h): (u32, u32) = (parts.next().unwrap().parse().unwrap(), parts.next().unwrap().parse().unwrap());
+        let px = hex(parts.next().unwrap());
+        let ours = decode_rgb(&root.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e:#}"));
+        assert_eq!(ours.dimensions(), (w, h), "{rel}");
+        let worst = ours.as_raw().iter().zip(&px).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+        let jpeg = [".jpg", ".jpeg"].iter().any(|x| rel.to_lowercase().ends_with(x));
+        // Lossless formats: the same pixels. JPEG: libjpeg's and zune-jpeg's IDCT and upsampling
+        // differ by a few levels.
+        assert!(worst <= if jpeg { 24 } else { 0 }, "{rel}: differs from PIL by {worst}");
+    }
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
