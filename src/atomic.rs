@@ -47,6 +47,7 @@ pub fn write_file_with<T>(path: &Path, fill: impl FnOnce(&mut File) -> Result<T>
 /// `write_file` for a writer that takes a path (a library's `save(path)`): it writes the
 /// temporary sibling, which is then synced and renamed over `path`; on an error it is removed.
 pub fn write_file_by_path<T>(path: &Path, write: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    remove_dead_writers_temps(path);
     let tmp = temp_sibling(path);
     let result = (|| -> Result<T> {
         let value = write(&tmp)?;
@@ -59,6 +60,45 @@ pub fn write_file_by_path<T>(path: &Path, write: impl FnOnce(&Path) -> Result<T>
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Removes the temporaries of `path` (`.<name>.tmp-<pid>`) whose writer is no longer running on
+/// this machine: a write killed midway leaves one (a pack killed after a second, 138 MB), and
+/// nothing else would ever remove it. Says so in one line each.
+fn remove_dead_writers_temps(path: &Path) {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = fs::read_dir(parent(path)) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file.strip_prefix(&prefix).and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 || process_alive(pid) {
+            continue;
+        }
+        let p = e.path();
+        let removed = match p.is_dir() {
+            true => fs::remove_dir_all(&p),
+            false => fs::remove_file(&p),
+        };
+        if removed.is_ok() {
+            crate::report::progress::warn(&format!(
+                "removed {}, left by a write of {} that was killed (process {pid})",
+                p.display(),
+                path.display()
+            ));
+        }
+    }
+}
+
+/// Whether process `pid` exists here (one of another user's counts too).
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let sent = unsafe { libc::kill(pid, 0) };
+    sent == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// fsyncs every file in `dir` and the directory itself.
@@ -95,6 +135,7 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 /// Creates directory `target` atomically: `fill` writes into a fresh temporary directory, which
 /// then replaces `target` (if any) in one step.
 pub fn write_dir(target: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    remove_dead_writers_temps(target);
     let tmp = temp_sibling(target);
     if tmp.exists() {
         fs::remove_dir_all(&tmp)?;

@@ -95,3 +95,71 @@ for rel in {names:?}:
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
+
+/// A pack killed with SIGKILL in the middle of writing leaves its temporary beside the
+/// destination; the next pack to the same destination removes it, says so in one line, and
+/// leaves only the pack.
+#[test]
+fn a_pack_killed_mid_write_leaves_nothing_once_packed_again() {
+    let d = tempfile::tempdir().unwrap();
+    let data = common::shared_data("plant-seedlings/train");
+    let out = d.path().join("seedlings.pack");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(["pack", "--store", "raw", "--workers", "1", "--data"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let tmp = d.path().join(format!(".seedlings.pack.tmp-{}", child.id()));
+    let started = std::time::Instant::now();
+    while std::fs::metadata(&tmp).map_or(0, |m| m.len()) < 1 << 20 {
+        assert!(started.elapsed().as_secs() < 60, "the pack never started writing");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(tmp.is_file() && !out.exists(), "killed mid-write: a temporary and no pack");
+
+    let again = common::ringtrain(&[
+        "pack".as_ref(),
+        "--store".as_ref(),
+        "encoded".as_ref(),
+        "--data".as_ref(),
+        data.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("was killed")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].starts_with("warning: removed ") && lines[0].contains(".seedlings.pack.tmp-"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("seedlings.pack")]);
+}
+
+/// `--val` naming the images of `--data` (the same folder, or a pack of it) trains, with one
+/// warning that the validation figures then measure the training set.
+#[test]
+fn validating_on_the_training_images_is_warned_about() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    common::make_folder(&data, &["a", "b"], 6);
+    let pack = d.path().join("data.pack");
+    let packed = common::ringtrain(&common::argv("pack --data {} --out {}", &[&data, &pack]));
+    assert!(packed.status.success());
+    for val in [&data, &pack] {
+        let out = common::ringtrain(&common::argv(
+            "train --data {} --val {} --out {} --model resnet10-tiny --img-size 32 --epochs 1 --batch-size 4 --device cpu --workers 1",
+            &[&data, val, &d.path().join("run")],
+        ));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let warned: Vec<&str> = err.lines().filter(|l| l.contains("holds the same images as --data")).collect();
+        assert_eq!(warned.len(), 1, "{err}");
+        std::fs::remove_dir_all(d.path().join("run")).unwrap();
+    }
+}

@@ -274,3 +274,66 @@ fn kill_9_at_random_moments_then_resume_each_time_ends_identical() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// The split's sizes from the banner's "N train / M val images".
+fn banner_counts(stdout: &[u8]) -> (usize, usize) {
+    let s = String::from_utf8_lossy(stdout);
+    let line = s.lines().find(|l| l.contains(" val images")).expect("the banner");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "train").unwrap();
+    (words[at - 1].parse().unwrap(), words[at + 2].parse().unwrap())
+}
+
+/// As a new user found it: 11 images added to a class of a 40-image folder between epochs 2 and
+/// 3, then `--resume auto` (validation split from --data). The run keeps the validation images
+/// it started with (4 of 40; a split drawn again from 51 would hold 5, some of them images that
+/// trained), the new images train, and one warning line says what changed; `--strict` stops.
+#[test]
+fn a_resumed_run_keeps_its_validation_split_when_images_are_added() {
+    let d = tempfile::tempdir().unwrap();
+    let (data, out) = (d.path().join("data"), d.path().join("run"));
+    make_folder(&data, &["a", "b"], 20);
+    let flags = "--model resnet10-tiny --img-size 32 --batch-size 8 --device cpu --workers 2 --seed 3 --val-split 0.1";
+    let first = ringtrain(&common::train_args(&data, &out, &format!("{flags} --epochs 2")));
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert_eq!(banner_counts(&first.stdout), (36, 4));
+    assert!(out.join("data-files.bin").is_file(), "the run records its data");
+    let val_before = val_names(&data, 0.1, 3);
+
+    common::Shapes { size: 36, seed: 3, first: 100 }.write(&d.path().join("more"), &["a"], 11);
+    for i in 0..11 {
+        std::fs::rename(d.path().join(format!("more/a/{i}.png")), data.join(format!("a/new-{i}.png"))).unwrap();
+    }
+    assert_ne!(val_names(&data, 0.1, 3), val_before, "a split drawn again moves images");
+
+    let resume = format!("{flags} --epochs 3 --resume auto");
+    let strict = ringtrain(&common::train_args(&data, &out, &format!("{resume} --strict")));
+    let err = String::from_utf8_lossy(&strict.stderr);
+    assert_eq!(strict.status.code(), Some(2), "{err}");
+    assert!(err.contains("the data changed since the run started (training images: 11 added, 0 removed, 0 changed; validation images: unchanged)"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    let resumed = ringtrain(&common::train_args(&data, &out, &resume));
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{err}");
+    assert_eq!(banner_counts(&resumed.stdout), (47, 4));
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: resume:")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(warnings[0].contains("training images: 11 added") && warnings[0].contains("validation images stay"), "{err}");
+
+    // The validation set evaluated is the one the run started with: the final report's support
+    // per class is the recorded split's (2 + 2), not a new draw's.
+    let report = std::fs::read_to_string(out.join("report.txt")).unwrap();
+    let support: Vec<&str> = report.lines().filter(|l| l.trim_start().starts_with("a ") || l.trim_start().starts_with("b ")).collect();
+    assert_eq!(support.len(), 2, "{report}");
+    assert!(support.iter().all(|l| l.trim_end().ends_with(" 2")), "{report}");
+}
+
+/// The validation images `train --val-split RATIO --seed SEED` draws from `data` now.
+fn val_names(data: &Path, ratio: f64, seed: u64) -> Vec<PathBuf> {
+    let set = ringtrain::data::source::Dataset::open(data, "--data").unwrap();
+    let (_, val) = ringtrain::data::split::stratified(&set, ratio, seed);
+    let mut v: Vec<PathBuf> = (0..val.len()).map(|i| val.name(i).to_owned()).collect();
+    v.sort();
+    v
+}

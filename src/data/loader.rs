@@ -148,6 +148,10 @@ impl Loader {
         })
     }
 
+    pub fn samples(&self) -> &Samples {
+        &self.samples
+    }
+
     pub fn num_samples(&self) -> usize {
         self.samples.len()
     }

@@ -134,6 +134,22 @@ impl Samples {
         }
     }
 
+    /// Sample `i`'s size and modification time (ns since the epoch): a pack's as packed, a
+    /// file's now.
+    pub fn size_and_mtime(&self, i: usize) -> Result<(u64, i64)> {
+        use std::os::unix::fs::MetadataExt;
+        match &self.origin {
+            Origin::Files { .. } => {
+                let m = std::fs::metadata(self.path(i))?;
+                Ok((m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
+            }
+            Origin::Pack(pack) => {
+                let f = &pack.index.files[pack.index.records[self.picks[i] as usize].file];
+                Ok((f.size, f.mtime_ns))
+            }
+        }
+    }
+
     /// The sample indices of each class, in order.
     pub fn by_label(&self, classes: usize) -> Vec<Vec<usize>> {
         let mut out = vec![Vec::new(); classes];

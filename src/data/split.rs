@@ -39,6 +39,12 @@ fn plan(samples: &Samples, classes: usize, val_ratio: f64, seed: u64) -> Vec<(us
 
 /// The same split as (train samples, val samples), for `train --val-split` without copying.
 pub fn stratified(data: &Dataset, val_ratio: f64, seed: u64) -> (Samples, Samples) {
+    let (train, val) = stratified_indices(data, val_ratio, seed);
+    (data.samples.select(&train), data.samples.select(&val))
+}
+
+/// `stratified`'s split as indices of `data`'s samples: (train, val).
+pub fn stratified_indices(data: &Dataset, val_ratio: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (i, is_val) in plan(&data.samples, data.classes.len(), val_ratio, seed) {
         if is_val {
@@ -47,7 +53,7 @@ pub fn stratified(data: &Dataset, val_ratio: f64, seed: u64) -> (Samples, Sample
             train.push(i)
         }
     }
-    (data.samples.select(&train), data.samples.select(&val))
+    (train, val)
 }
 
 pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool) -> Result<SplitCounts> {

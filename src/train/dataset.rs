@@ -9,6 +9,7 @@ use anyhow::Result;
 use tch::Tensor;
 
 use super::context::RankContext;
+use super::data_record::DataRecord;
 use super::eval::{evaluate, EvalResult};
 use super::trainer::{MicroPos, Trainer};
 use crate::config::TrainConfig;
@@ -20,7 +21,7 @@ use crate::data::transform::Transform;
 use crate::data::Normalizer;
 use crate::error::user_error;
 use crate::report::classification::ClassificationReport;
-use crate::report::progress::warn_unreadable;
+use crate::report::progress::{warn, warn_unreadable};
 
 use super::state::Validation;
 
@@ -48,17 +49,33 @@ pub struct TrainBatch {
 }
 
 impl TrainData {
-    pub fn load(cfg: &TrainConfig, ctx: &RankContext) -> Result<Self> {
+    /// The run's data; a resumed run's as `recorded` when it started (`data_record.rs`).
+    pub fn load(cfg: &TrainConfig, ctx: &RankContext, recorded: Option<&DataRecord>) -> Result<Self> {
         let data_dir = cfg.data.as_ref().expect("checked by preflight");
         let train_set = Dataset::open(data_dir, "--data")?;
         let (train_samples, val_samples) = match &cfg.val {
             Some(v) => {
                 let val_set = Dataset::open(v, "--val")?;
                 val_set.check_same_classes(&train_set)?;
+                if same_images(&train_set, &val_set) {
+                    warn(&format!(
+                        "--val {} holds the same images as --data: the validation figures will measure the training set",
+                        v.display()
+                    ));
+                }
                 (train_set.samples.clone(), val_set.samples)
             }
-            None => crate::data::split::stratified(&train_set, cfg.val_split, cfg.seed),
+            None => {
+                let (t, v) = crate::data::split::stratified_indices(&train_set, cfg.val_split, cfg.seed);
+                match recorded {
+                    Some(r) => r.split(&train_set.samples, &[t, v].concat()),
+                    None => (train_set.samples.select(&t), train_set.samples.select(&v)),
+                }
+            }
         };
+        if let (Some(r), true) = (recorded, ctx.is_main()) {
+            super::data_record::check(r, &train_samples, &val_samples, cfg.val.is_none(), cfg.strict)?;
+        }
         let n_train = train_samples.len();
         check_something_decodes(&train_samples, data_dir)?;
         if cfg.batch_size > n_train {
@@ -256,6 +273,15 @@ fn check_something_decodes(samples: &Samples, root: &Path) -> Result<()> {
         root.display(),
         first_error.unwrap_or_default()
     )))
+}
+
+/// Whether two sets are the same images: the same folder or pack, or a pack and its folder.
+fn same_images(a: &Dataset, b: &Dataset) -> bool {
+    let place = |d: &Dataset| {
+        let root = d.samples.pack().map_or(d.root.clone(), |p| p.index.root.clone());
+        std::fs::canonicalize(&root).unwrap_or(root)
+    };
+    place(a) == place(b)
 }
 
 /// "folder X" or "raw pack X (N MB)", for the banner.

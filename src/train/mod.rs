@@ -3,6 +3,7 @@
 pub mod amp;
 pub mod checkpoint;
 pub mod context;
+pub mod data_record;
 pub mod dataset;
 pub mod divergence;
 pub mod ema;
@@ -25,6 +26,7 @@ use crate::config::TrainConfig;
 use crate::dist::DistSetup;
 use crate::report::classification::ClassificationReport;
 use context::RankContext;
+use data_record::{DataRecord, Recording};
 use dataset::TrainData;
 use meter::EpochMeter;
 use reporter::Reporter;
@@ -51,7 +53,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     }
     cfg.preflight()?;
     let ctx = RankContext::new(cfg, dist)?;
-    let data = TrainData::load(cfg, &ctx)?;
+    let recorded = DataRecord::of_resumed_run(cfg)?;
+    let data = TrainData::load(cfg, &ctx, recorded.as_ref())?;
     // Taken once the data is known good (a rejected run leaves no directory behind), before
     // anything in the run directory is read or written.
     let _held = writes.then(|| RunLock::acquire(&cfg.out)).transpose()?;
@@ -60,6 +63,11 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         return Ok(done);
     }
     let run_dir = RunDir::prepare(cfg, &data.classes, &ctx, resume.is_new_run())?;
+    // The data it starts with, recorded for a later resume while the first steps run.
+    let _recording = match ctx.is_main() && (resume.is_new_run() || recorded.is_none()) {
+        true => Recording::start(&run_dir.path, data.train.samples(), data.val.samples()),
+        false => Recording::none(),
+    };
     let pretrained = cfg.pretrained.as_ref().filter(|_| resume.is_new_run());
     let (classes, steps_per_epoch) = (data.num_classes(), data.steps_per_epoch());
     let mut t = Trainer::new(cfg, classes, steps_per_epoch, ctx.pg.clone(), ctx.ddp_options(), pretrained)?;

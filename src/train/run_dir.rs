@@ -203,6 +203,7 @@ fn remove_earlier_run(run_dir: &Path) -> Result<()> {
                 "confusion.png",
                 "metrics.csv",
                 "curves.png",
+                super::data_record::FILE,
             ]
             .contains(&name.as_str());
         if is_checkpoint && path.is_dir() {
