@@ -229,9 +229,9 @@ fn class_index_and_samples_match_torchvision_imagefolder() {
     let classes: Vec<String> = serde_json::from_value(reference["classes"].clone()).unwrap();
     assert_eq!(ours.classes, classes);
     let samples: Vec<(String, usize)> = serde_json::from_value(reference["samples"].clone()).unwrap();
-    assert_eq!(ours.samples.len(), samples.len());
-    for ((p, c), (rp, rc)) in ours.samples.iter().zip(&samples) {
-        assert_eq!((p.to_str().unwrap(), *c), (rp.as_str(), *rc));
+    assert_eq!(ours.len(), samples.len());
+    for (i, (rp, rc)) in samples.iter().enumerate() {
+        assert_eq!((ours.path(i).to_str().unwrap(), ours.catalog.label(i)), (rp.as_str(), *rc));
     }
 }
 
@@ -278,10 +278,11 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
         let folder = ImageFolder::scan(&root, "--data").unwrap();
         // A few of every class, spread over the class.
         let mut per_class = vec![0; folder.classes.len()];
-        for (p, c) in folder.samples.iter().step_by(7) {
-            if per_class[*c] < take {
-                per_class[*c] += 1;
-                files.push(p.clone());
+        for i in (0..folder.len()).step_by(7) {
+            let c = folder.catalog.label(i);
+            if per_class[c] < take {
+                per_class[c] += 1;
+                files.push(folder.path(i));
             }
         }
     }
