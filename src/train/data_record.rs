@@ -71,19 +71,20 @@ fn name_hash(samples: &Samples, i: usize) -> u64 {
 }
 
 /// Every image of `samples` with its size and time: a pack's from its index, a file's by `stat`
-/// (in parallel). An image that cannot be read counts with size and time 0.
-fn entries(samples: &Samples) -> Vec<Entry> {
-    let mut out: Vec<Entry> = (0..samples.len())
-        .into_par_iter()
-        .map(|i| {
-            let name = samples.name(i).as_os_str().as_encoded_bytes();
-            let (size, mtime) = samples.size_and_mtime(i).unwrap_or((0, 0));
-            Entry {
-                name: hash64(&[name]),
-                content: hash64(&[name, &size.to_le_bytes(), &mtime.to_le_bytes()]),
-            }
-        })
-        .collect();
+/// (in parallel, unless `background`). An image that cannot be read counts with size and time 0.
+fn entries(samples: &Samples, background: bool) -> Vec<Entry> {
+    let entry = |i: usize| {
+        let name = samples.name(i).as_os_str().as_encoded_bytes();
+        let (size, mtime) = samples.size_and_mtime(i).unwrap_or((0, 0));
+        Entry {
+            name: hash64(&[name]),
+            content: hash64(&[name, &size.to_le_bytes(), &mtime.to_le_bytes()]),
+        }
+    };
+    let mut out: Vec<Entry> = match background {
+        true => (0..samples.len()).map(entry).collect(),
+        false => (0..samples.len()).into_par_iter().map(entry).collect(),
+    };
     out.sort_unstable();
     out
 }
@@ -107,9 +108,13 @@ fn diff(before: &[Entry], now: &[Entry]) -> Changes {
 
 impl DataRecord {
     pub fn of(train: &Samples, val: &Samples) -> Self {
+        Self::of_with(train, val, false)
+    }
+
+    fn of_with(train: &Samples, val: &Samples, background: bool) -> Self {
         DataRecord {
-            train: entries(train),
-            val: entries(val),
+            train: entries(train, background),
+            val: entries(val, background),
         }
     }
 
@@ -212,7 +217,13 @@ impl Recording {
         let (dir, train, val) = (run_dir.to_path_buf(), train.clone(), val.clone());
         let handle = std::thread::Builder::new()
             .name("ringtrain-data-record".into())
-            .spawn(move || DataRecord::of(&train, &val).write(&dir).context("recording the run's data files"))
+            .spawn(move || {
+                // One thread at the lowest priority: the data workers and the first steps go first
+                // (in parallel at normal priority it delayed a million-file run's first step by 1.3 s).
+                // SAFETY: setpriority on this thread's own id.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+                DataRecord::of_with(&train, &val, true).write(&dir).context("recording the run's data files")
+            })
             .ok();
         Recording(handle)
     }
