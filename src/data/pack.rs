@@ -11,8 +11,9 @@
 //! end  I u64, index length u64, b"PACK-END"
 //! ```
 //! The index comes last so that packing streams; a file cut short loses its end marker.
-//! The source folder's files (name, size, modification time) are recorded, so a pack older than
-//! its folder is refused while the folder is there to compare with.
+//! The source folder's files (name, size, modification time) and directories (name, modification
+//! time) are recorded, so a pack older than its folder is refused while the folder is there to
+//! compare with.
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -164,11 +165,6 @@ impl Pack {
             }),
             Store::Encoded => Contents::Encoded(bytes),
         }
-    }
-
-    /// Record `i`'s name: the pack's path joined with its file's name in the folder.
-    pub fn name(&self, i: usize) -> PathBuf {
-        self.path.join(&self.index.files[self.index.records[i].file].name)
     }
 
     /// Refuses a pack whose source folder has changed since packing (files added, removed, or
@@ -478,7 +474,8 @@ fn stat_files<'a>(root: &Path, n: usize, name: impl Fn(usize) -> &'a Path + Sync
     Ok(files)
 }
 
-fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+/// A file's modification time in nanoseconds since the Unix epoch, as packs record it.
+pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
     use std::os::unix::fs::MetadataExt;
     m.mtime() * 1_000_000_000 + m.mtime_nsec()
 }

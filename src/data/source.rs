@@ -137,11 +137,10 @@ impl Samples {
     /// Sample `i`'s size and modification time (ns since the epoch): a pack's as packed, a
     /// file's now.
     pub fn size_and_mtime(&self, i: usize) -> Result<(u64, i64)> {
-        use std::os::unix::fs::MetadataExt;
         match &self.origin {
             Origin::Files { .. } => {
                 let m = std::fs::metadata(self.path(i))?;
-                Ok((m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
+                Ok((m.len(), super::pack::mtime_ns(&m)))
             }
             Origin::Pack(pack) => {
                 let f = &pack.index.files[pack.index.records[self.picks[i] as usize].file];
@@ -181,12 +180,16 @@ impl Dataset {
                 samples: Samples::of_pack(Arc::new(pack)),
             });
         }
-        let folder = ImageFolder::scan(path, what)?;
-        Ok(Dataset {
+        Ok(Dataset::of_folder(ImageFolder::scan(path, what)?))
+    }
+
+    /// The images of a scanned folder.
+    pub fn of_folder(folder: ImageFolder) -> Dataset {
+        Dataset {
             samples: Samples::of_files(folder.root.clone(), folder.catalog),
             root: folder.root,
             classes: folder.classes,
-        })
+        }
     }
 
     pub fn len(&self) -> usize {

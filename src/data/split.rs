@@ -66,12 +66,7 @@ pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool)
             dst.display()
         );
     }
-    let folder = ImageFolder::scan(src, "--src")?;
-    let data = Dataset {
-        samples: Samples::of_files(folder.root.clone(), folder.catalog),
-        root: folder.root,
-        classes: folder.classes,
-    };
+    let data = Dataset::of_folder(ImageFolder::scan(src, "--src")?);
     let tmp = dst.with_file_name(format!(
         ".{}.partial",
         dst.file_name()
