@@ -6,18 +6,20 @@
 # - A Python virtual environment OUTSIDE the clone (default ~/.cache/ringtrain/venv, override with
 #   RINGTRAIN_CACHE) holding libtorch 2.11.0 (the torch wheel: CPU + CUDA 13.0, cuDNN, NCCL),
 #   the CUDA headers the NCCL part of the shim compiles against, and the Python packages the tests
-#   use as independent references (torchvision, timm, safetensors, scikit-learn, tensorboard).
+#   use as independent references (torchvision, timm, webdataset, safetensors, scikit-learn,
+#   tensorboard).
 #
 # Re-running it is cheap: each step checks a stamp first.
 set -euo pipefail
 
 CACHE="${RINGTRAIN_CACHE:-$HOME/.cache/ringtrain}"
 VENV="$CACHE/venv"
-STAMP="$VENV/.ringtrain-setup-v2"
+STAMP="$VENV/.ringtrain-setup-v3"
 PY_PACKAGES=(
   "torch==2.11.0"
   "torchvision==0.26.0"
   "timm==1.0.31"
+  "webdataset==1.0.2"
   "cuda-toolkit[cccl,crt]==13.0.2"
   "safetensors"
   "scikit-learn"

@@ -6,6 +6,8 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::bail_user;
+use crate::data::labels::Columns;
+use crate::data::source::DataSpec;
 use crate::device::DeviceSpec;
 use crate::model::weights::WeightsSource;
 use crate::model::ModelKind;
@@ -65,11 +67,23 @@ impl Metric {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
-    /// Training images, ImageFolder layout (<dir>/<class>/<image>).
+    /// Training images: an ImageFolder (<dir>/<class>/<image>), a pack, tar shards, or with
+    /// `labels` a folder of images.
     pub data: Option<PathBuf>,
-    /// Validation images; without it, `val_split` of the training images are held out.
+    /// Validation images; without it (and `val_labels`), `val_split` of the training images are
+    /// held out.
     pub val: Option<PathBuf>,
     pub val_split: f64,
+    /// A CSV file labelling `data`'s images (one row per image: image, label).
+    pub labels: Option<PathBuf>,
+    /// A CSV file labelling `val`'s images (`data`'s folder's, when no `val` is given).
+    pub val_labels: Option<PathBuf>,
+    /// The label files' image column (tar shards: the image member's extension).
+    pub image_column: Option<String>,
+    /// The label files' label column (tar shards: the label member's extension).
+    pub label_column: Option<String>,
+    /// Tar shards: the shuffle buffer over each rank's stream of samples.
+    pub shuffle_buffer: usize,
     pub out: PathBuf,
     pub model: ModelKind,
     pub img_size: u32,
@@ -214,6 +228,11 @@ impl Default for TrainConfig {
             data: None,
             val: None,
             val_split: 0.1,
+            labels: None,
+            val_labels: None,
+            image_column: None,
+            label_column: None,
+            shuffle_buffer: crate::data::loader::DEFAULT_SHUFFLE_BUFFER,
             out: PathBuf::from("runs/train"),
             model: ModelKind::ResNet18,
             img_size: 224,
@@ -298,6 +317,10 @@ impl Default for TrainConfig {
 pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("data", "none, required"),
     ("val", "none: --val-split of --data"),
+    ("labels", "none: the folder's class sub-folders label its images"),
+    ("val_labels", "none"),
+    ("image_column", "the first column; in tar shards the member with an image extension"),
+    ("label_column", "the second column; in tar shards the .cls member"),
     ("eval_resize", "img-size / 0.875"),
     ("t_max", "epochs"),
     ("constant_lr", "eta-min"),
@@ -434,6 +457,37 @@ impl TrainConfig {
         [self.std[0], self.std[1], self.std[2]]
     }
 
+    /// The training images as `--data`, `--labels` and the column flags name them.
+    pub fn data_spec(&self) -> DataSpec {
+        DataSpec {
+            path: self.data.clone().expect("checked by preflight"),
+            labels: self.labels.clone(),
+            columns: self.columns(),
+            strict: self.strict,
+        }
+    }
+
+    /// The validation images, if named apart from `--data`: `--val`, or `--val-labels` over
+    /// `--data`'s folder.
+    pub fn val_spec(&self) -> Option<DataSpec> {
+        if self.val.is_none() && self.val_labels.is_none() {
+            return None;
+        }
+        Some(DataSpec {
+            path: self.val.clone().or_else(|| self.data.clone()).expect("checked by preflight"),
+            labels: self.val_labels.clone(),
+            columns: self.columns(),
+            strict: self.strict,
+        })
+    }
+
+    fn columns(&self) -> Columns {
+        Columns {
+            image: self.image_column.clone(),
+            label: self.label_column.clone(),
+        }
+    }
+
     /// The checks of the values alone (no filesystem, no device): each failure one line naming
     /// the flag.
     pub fn check(&self) -> Result<()> {
@@ -471,14 +525,14 @@ impl TrainConfig {
     /// and the precision suits the device. Run before any work.
     pub fn preflight(&self) -> Result<()> {
         self.check()?;
-        if let Some(data) = &self.data {
-            if !data.exists() {
-                bail_user!("--data directory (or pack) does not exist: {}", data.display());
+        for (flag, path) in [("--data", &self.data), ("--val", &self.val)] {
+            if let Some(p) = path.as_ref().filter(|p| !p.exists() && !crate::data::shards::is_shards(p)) {
+                bail_user!("{flag} directory (or pack) does not exist: {}", p.display());
             }
         }
-        if let Some(v) = &self.val {
-            if !v.exists() {
-                bail_user!("--val directory (or pack) does not exist: {}", v.display());
+        for (flag, path) in [("--labels", &self.labels), ("--val-labels", &self.val_labels)] {
+            if let Some(p) = path.as_ref().filter(|p| !p.is_file()) {
+                bail_user!("{flag} file does not exist: {}", p.display());
             }
         }
         if let Some(source) = self.pretrained.as_ref().filter(|_| self.resume.is_none() || !self.holds_run()) {
@@ -656,7 +710,10 @@ impl TrainConfig {
     }
 
     fn check_loading(&self) -> Result<()> {
-        if self.val.is_none() && !(self.val_split > 0.0 && self.val_split < 1.0) {
+        if self.shuffle_buffer == 0 {
+            bail_user!("--shuffle-buffer must be at least 1 (1 reads each shard in order)");
+        }
+        if self.val.is_none() && self.val_labels.is_none() && !(self.val_split > 0.0 && self.val_split < 1.0) {
             bail_user!(
                 "--val-split must be in (0, 1) when no --val is given, got {}",
                 self.val_split

@@ -22,6 +22,17 @@ pub fn shuffle(seed: u64, epoch: u64) -> ChaCha8Rng {
     sample(seed, epoch, u64::MAX)
 }
 
+/// The order of a sharded source's shards in an epoch (shared by all ranks, which then take
+/// every world-th shard).
+pub fn shard_order(seed: u64, epoch: u64) -> ChaCha8Rng {
+    sample(seed, epoch, u64::MAX - 1)
+}
+
+/// Rank `rank`'s shuffle buffer over its shards' samples in an epoch.
+pub fn shuffle_buffer(seed: u64, epoch: u64, rank: u64) -> ChaCha8Rng {
+    sample(seed ^ 0x5348_5546_4642, epoch, rank)
+}
+
 /// Which files of class `class` are held out for validation (`--val-split`, `ringtrain split`).
 pub fn split(seed: u64, class: u64) -> ChaCha8Rng {
     sample(seed, 0x5917, class)

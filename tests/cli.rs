@@ -2,31 +2,7 @@
 //! written; the same seed gives the same run; the version names libtorch.
 mod common;
 
-use common::{make_folder, ringtrain};
-
-/// Runs `train` with `extra` flags and expects a user error mentioning `needle`.
-fn expect_user_error(args: &[&str], needle: &str) {
-    let out = ringtrain(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{args:?}: expected exit 2, stderr: {stderr}"
-    );
-    assert_eq!(
-        stderr.trim_end().lines().count(),
-        1,
-        "{args:?}: expected one line, got: {stderr}"
-    );
-    assert!(
-        stderr.starts_with("error: ") && stderr.contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
-    );
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("backtrace"),
-        "{stderr}"
-    );
-}
+use common::{expect_user_error, make_folder, ringtrain};
 
 #[test]
 fn bad_input_is_rejected_with_one_line_and_exit_2_before_any_work() {

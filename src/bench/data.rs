@@ -3,7 +3,7 @@
 //! training transforms (RandomResizedCrop + horizontal flip + normalisation), shuffled,
 //! drop_last, `epochs` passes, the first batch untimed (it includes start-up). `--vs-pytorch`
 //! runs that script with the same settings in the same invocation.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -13,7 +13,7 @@ use super::{amp_name, device_name, run_reference, TrainStep};
 use crate::bail_user;
 use crate::data::cache::{self, CacheMode, CachePlan};
 use crate::data::loader::{Loader, LoaderOptions};
-use crate::data::source::Dataset;
+use crate::data::source::{DataSpec, Dataset};
 use crate::data::transform::Transform;
 use crate::data::{Normalizer, IMAGENET_MEAN, IMAGENET_STD};
 use crate::device::synchronize as sync;
@@ -21,7 +21,7 @@ use crate::say;
 
 #[derive(Debug, Clone)]
 pub struct DataBenchOptions {
-    pub data: PathBuf,
+    pub data: DataSpec,
     pub img_size: u32,
     pub batch_size: usize,
     pub workers: usize,
@@ -40,7 +40,7 @@ pub struct DataBenchOptions {
 
 /// Images per second through the loader (and the step, with a model).
 pub fn run(o: &DataBenchOptions) -> Result<f64> {
-    let data = Dataset::open(&o.data, "--data")?;
+    let data = Dataset::open(o.data.clone(), "--data")?;
     let cache = match o.on_device {
         true => CachePlan::off("data on the device"),
         false => cache::plan(o.cache, &[&data.samples], cache::default_budget(1)),
@@ -78,7 +78,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     if loader.batches_per_epoch() * timed_epochs < 2 {
         bail_user!(
             "--data {} has {} images: too few for two batches of --batch-size {} in {} epochs",
-            o.data.display(),
+            o.data.path.display(),
             loader.num_samples(),
             o.batch_size,
             o.epochs
@@ -126,9 +126,12 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
 /// The same measurement of PyTorch's DataLoader by `script` (bench/torch_loader.py) in `python`,
 /// on the folder itself (a pack's source folder: PyTorch reads files).
 pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<f64> {
-    let folder = match o.data.is_file() {
+    if o.data.labels.is_some() || crate::data::shards::is_shards(&o.data.path) {
+        bail_user!("--vs-pytorch compares PyTorch's ImageFolder: give --data a folder of class folders or a pack of one");
+    }
+    let folder = match o.data.path.is_file() {
         true => {
-            let root = crate::data::pack::Pack::folder_of(&o.data, "--data")?;
+            let root = crate::data::pack::Pack::folder_of(&o.data.path, "--data")?;
             if !root.is_dir() {
                 bail_user!(
                     "--vs-pytorch reads the pack's folder, {}, which is not there",
@@ -137,7 +140,7 @@ pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<
             }
             root
         }
-        false => o.data.clone(),
+        false => o.data.path.clone(),
     };
     let args = [
         folder.display().to_string(),

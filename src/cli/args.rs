@@ -100,11 +100,46 @@ pub struct ConvertArgs {
     pub model: Option<ModelKind>,
 }
 
+/// A command's input images, in any form training takes.
 #[derive(Args)]
-pub struct PackArgs {
-    /// Images in the ImageFolder layout.
+pub struct SourceArgs {
+    /// Images: <dir>/<class>/<image>, a pack (ringtrain pack), WebDataset tar shards
+    /// ('train-{000000..000146}.tar', a .tar file or a folder of them), or with --labels a
+    /// folder of images.
     #[arg(long)]
     pub data: PathBuf,
+    /// A CSV file labelling --data's images, one row each, header first: the image (its path
+    /// under --data, with or without the extension, or its file name) and its class name.
+    #[arg(long)]
+    pub labels: Option<PathBuf>,
+    /// The label file's image column by name (tar shards: the image member's extension)
+    /// [default: the first column; in shards any image extension].
+    #[arg(long)]
+    pub image_column: Option<String>,
+    /// The label file's label column by name (tar shards: the label member's extension)
+    /// [default: the second column; in shards cls].
+    #[arg(long)]
+    pub label_column: Option<String>,
+}
+
+impl SourceArgs {
+    pub fn spec(&self) -> crate::data::source::DataSpec {
+        crate::data::source::DataSpec {
+            path: self.data.clone(),
+            labels: self.labels.clone(),
+            columns: crate::data::labels::Columns {
+                image: self.image_column.clone(),
+                label: self.label_column.clone(),
+            },
+            strict: false,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct PackArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// The pack file to write (replaced atomically if it exists).
     #[arg(long)]
     pub out: PathBuf,
@@ -139,9 +174,8 @@ pub struct SplitArgs {
 
 #[derive(Args)]
 pub struct StatsArgs {
-    /// Images in the ImageFolder layout, or a pack of them.
-    #[arg(long)]
-    pub data: PathBuf,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Args)]
@@ -186,9 +220,8 @@ pub struct BenchRunArgs {
 
 #[derive(Args)]
 pub struct BenchDataArgs {
-    /// Images in the ImageFolder layout, or a pack of them.
-    #[arg(long)]
-    pub data: PathBuf,
+    #[command(flatten)]
+    pub source: SourceArgs,
     #[arg(long, default_value_t = 224)]
     pub img_size: u32,
     #[arg(long, default_value_t = 64)]
@@ -220,9 +253,9 @@ pub struct EvalArgs {
     /// A checkpoint directory (e.g. runs/x/best).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Images in the ImageFolder layout (or a pack of them), with the checkpoint's classes.
-    #[arg(long)]
-    pub data: PathBuf,
+    /// The images to evaluate (any form --data takes), classes among the checkpoint's.
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Where the report goes [default: <run>/eval-<checkpoint name>].
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -248,7 +281,7 @@ pub struct PredictArgs {
     /// A checkpoint directory (e.g. runs/x/best).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Image files, flat folders or ImageFolder trees; or one pack.
+    /// Image files, flat folders or ImageFolder trees; or one pack or set of tar shards.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
     /// CSV of the predictions.
@@ -339,15 +372,34 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Training images: <dir>/<class>/<image>, or a pack of them (ringtrain pack).
+    /// Training images: <dir>/<class>/<image>, a pack (ringtrain pack), WebDataset tar shards
+    /// ('train-{000000..000146}.tar', a .tar file or a folder of them), or with --labels a
+    /// folder of images.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Validation images (a folder or a pack), same classes as --data.
+    /// Validation images (any form --data takes), classes among --data's.
     #[arg(long)]
     pub val: Option<PathBuf>,
     /// Without --val, hold out this fraction of each class.
     #[arg(long)]
     pub val_split: Option<f64>,
+    /// A CSV file labelling --data's images, one row each, header first: the image (its path
+    /// under --data, with or without the extension, or its file name) and its class name.
+    #[arg(long)]
+    pub labels: Option<PathBuf>,
+    /// A CSV file labelling --val's images (--data's folder's, when no --val is given).
+    #[arg(long)]
+    pub val_labels: Option<PathBuf>,
+    /// The label files' image column by name (tar shards: the image member's extension).
+    #[arg(long)]
+    pub image_column: Option<String>,
+    /// The label files' label column by name (tar shards: the label member's extension).
+    #[arg(long)]
+    pub label_column: Option<String>,
+    /// Tar shards: the shuffle buffer, in samples, over each rank's shards (as WebDataset's
+    /// .shuffle(N)).
+    #[arg(long)]
+    pub shuffle_buffer: Option<usize>,
     /// Run directory: config, checkpoints, metrics.
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -133,7 +133,7 @@ fn workers(n: Option<usize>) -> usize {
 fn eval(args: &EvalArgs) -> Result<()> {
     let e = evaluate::evaluate(&EvaluateOptions {
         checkpoint: args.checkpoint.clone(),
-        data: args.data.clone(),
+        data: args.source.spec(),
         out: args.out.clone(),
         batch_size: args.infer.batch_size,
         device: args.infer.device.resolve()?,
@@ -269,7 +269,7 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
     let device = a.run.device.resolve()?;
     reference::check_data_settings(a.batch_size, a.epochs, a.img_size, a.workers)?;
     let o = crate::bench::data::DataBenchOptions {
-        data: a.data.clone(),
+        data: a.source.spec(),
         img_size: a.img_size,
         batch_size: a.batch_size,
         workers: workers(a.workers),
@@ -283,7 +283,7 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
     };
     say!(
         "{} at {}px, batch {}, {} workers, {} epochs, {:?}{}",
-        o.data.display(),
+        o.data.path.display(),
         o.img_size,
         o.batch_size,
         o.workers,
@@ -323,14 +323,14 @@ fn pack(a: &PackArgs) -> Result<()> {
         max_side: a.max_side,
         workers: workers(a.workers),
     };
-    let s = pack::write(&a.data, &a.out, &o)?;
+    let s = pack::write(a.source.spec(), &a.out, &o)?;
     for (p, e) in &s.unreadable {
         warn_unreadable(p, e);
     }
     say!(
         "packed {} images of {} into {} ({:.1} MB, {}{}) in {:.1} s{}",
         s.images,
-        a.data.display(),
+        a.source.data.display(),
         a.out.display(),
         s.bytes as f64 / 1e6,
         match a.store {
@@ -432,7 +432,7 @@ fn thousands(n: i64) -> String {
 }
 
 fn stats(a: &StatsArgs) -> Result<()> {
-    let s = crate::data::stats::pixel_stats(&Dataset::open(&a.data, "--data")?)?;
+    let s = crate::data::stats::pixel_stats(&Dataset::open(a.source.spec(), "--data")?)?;
     for (p, e) in &s.unreadable {
         warn_unreadable(p, e);
     }

@@ -44,6 +44,13 @@ impl Catalog {
     pub fn label(&self, i: usize) -> usize {
         self.labels[i] as usize
     }
+
+    /// Every label `l` becomes `to(l)`.
+    pub fn relabel(&mut self, to: impl Fn(usize) -> usize) {
+        for l in &mut self.labels {
+            *l = to(*l as usize) as u32;
+        }
+    }
 }
 
 impl<P: AsRef<Path>> FromIterator<(P, usize)> for Catalog {

@@ -38,6 +38,7 @@ pub struct Loader {
     transform: Transform,
     batch_size: usize,
     shuffle: bool,
+    shuffle_buffer: usize,
     drop_last: bool,
     seed: u64,
     prefetch: usize,
@@ -67,6 +68,9 @@ pub struct Shard {
 pub struct LoaderOptions {
     pub batch_size: usize,
     pub shuffle: bool,
+    /// Tar shards are shuffled as WebDataset does: the shards' order, then a buffer of this many
+    /// samples over each rank's stream (`shards::stream_order`).
+    pub shuffle_buffer: usize,
     pub drop_last: bool,
     pub seed: u64,
     pub workers: usize,
@@ -87,6 +91,10 @@ pub struct LoaderOptions {
     pub cache: Option<Arc<Budget>>,
 }
 
+/// WebDataset's usual buffer (`.shuffle(1000)`). Here it holds sample numbers, not images: its
+/// size costs no memory, only how far a rank's reads jump within its shards.
+pub const DEFAULT_SHUFFLE_BUFFER: usize = 1000;
+
 impl LoaderOptions {
     /// Every image once, in folder order, unreadable ones skipped (and reported), uint8 batches
     /// in ordinary memory: evaluation's and prediction's loader. Others change fields of it
@@ -95,6 +103,7 @@ impl LoaderOptions {
         LoaderOptions {
             batch_size,
             shuffle: false,
+            shuffle_buffer: DEFAULT_SHUFFLE_BUFFER,
             drop_last: false,
             seed: 0,
             workers,
@@ -136,6 +145,7 @@ impl Loader {
             transform,
             batch_size: o.batch_size,
             shuffle: o.shuffle,
+            shuffle_buffer: o.shuffle_buffer,
             drop_last: o.drop_last,
             seed: o.seed,
             prefetch: o.prefetch.max(1),
@@ -196,8 +206,16 @@ impl Loader {
     }
 
     /// This rank's sample order for an epoch: a seeded permutation (or the folder order),
-    /// then its shard.
+    /// then its shard. Tar shards are shuffled and split by shard instead, as WebDataset does
+    /// (`shards::stream_order`), to the same number of samples per rank.
     pub fn order(&self, epoch: u64) -> Vec<usize> {
+        if self.shuffle && self.samples.shard_of(0).is_some() {
+            let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));
+            let shard_of = |i| self.samples.shard_of(i).expect("a sharded source");
+            let len = self.shard_len();
+            let o = super::shards::stream_order(self.samples.len(), shard_of, self.seed, epoch, (rank, world), self.shuffle_buffer, len);
+            return o;
+        }
         let mut order: Vec<usize> = (0..self.samples.len()).collect();
         if self.shuffle {
             order.shuffle(&mut seeds::shuffle(self.seed, epoch));

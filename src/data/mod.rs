@@ -1,4 +1,4 @@
-//! Data: folder scanning → decode → augment → batches (uint8 NHWC on the host).
+//! Data: the sources (folders, label files, packs, tar shards) → decode → augment → batches (uint8 NHWC on the host).
 //! Normalisation to float happens on the device (`Normalizer`).
 pub mod cache;
 pub mod catalog;
@@ -6,10 +6,12 @@ pub mod decode;
 pub mod demo;
 pub mod erasing;
 pub mod folder;
+pub mod labels;
 pub mod loader;
 pub mod mixup;
 pub mod on_device;
 pub mod pack;
+pub mod shards;
 pub mod source;
 pub mod split;
 pub mod stats;

@@ -13,7 +13,8 @@
 //! The index comes last so that packing streams; a file cut short loses its end marker.
 //! The source folder's files (name, size, modification time) and directories (name, modification
 //! time) are recorded, so a pack older than its folder is refused while the folder is there to
-//! compare with.
+//! compare with. A pack of a folder with a label file records the label file too; a pack of tar
+//! shards records the shards (its files are then their members, each with its shard's time).
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -23,8 +24,9 @@ use fast_image_resize as fr;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::decode::{decode_rgb, MAX_IMAGE_PIXELS};
+use super::decode::{decode_bytes, MAX_IMAGE_PIXELS};
 use super::folder::ImageFolder;
+use super::source::{DataSpec, Dataset, Samples, SourceKind, Stored};
 use super::transform::RgbView;
 use crate::bail_user;
 
@@ -93,6 +95,19 @@ pub struct Index {
     pub dirs: Vec<SourceDir>,
     /// The images, in folder order; files that could not be read have none.
     pub records: Vec<Record>,
+    /// What was packed when it was not an ImageFolder (packs of folders have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<PackedFrom>,
+}
+
+/// A pack's source other than an ImageFolder, as it was when packed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PackedFrom {
+    /// The folder (`Index::root`) with this label file (absolute).
+    LabelFile(SourceFile),
+    /// These tar shards (absolute paths); `Index::files` are their members.
+    Shards(Vec<SourceFile>),
 }
 
 pub struct Pack {
@@ -172,6 +187,22 @@ impl Pack {
     /// to another machine) is nothing to compare with: the pack stands alone.
     pub fn check_fresh(&self, what: &str) -> Result<()> {
         let root = &self.index.root;
+        match &self.index.source {
+            Some(PackedFrom::Shards(shards)) => return self.check_fresh_files(shards, "its shards", what),
+            Some(PackedFrom::LabelFile(csv)) if root.is_dir() => {
+                self.check_fresh_files(std::slice::from_ref(csv), "its label file", what)?;
+                if stat_files(root, self.index.files.len(), |i| Path::new(&self.index.files[i].name)).is_ok_and(|now| now == self.index.files) {
+                    return Ok(());
+                }
+                bail_user!(
+                    "{what} pack {} is older than its images in {} (one or more changed or went); pack it again (ringtrain pack)",
+                    self.path.display(),
+                    root.display()
+                );
+            }
+            Some(PackedFrom::LabelFile(_)) => return Ok(()),
+            None => {}
+        }
         if !root.is_dir() {
             return Ok(());
         }
@@ -199,6 +230,22 @@ impl Pack {
                 self.path.display(),
                 root.display()
             );
+        }
+        Ok(())
+    }
+
+    /// Refuses the pack when one of `files` (absolute; `what` names them) that is still there has
+    /// another size or time than when packed.
+    fn check_fresh_files(&self, files: &[SourceFile], which: &str, what: &str) -> Result<()> {
+        for f in files {
+            let Ok(m) = std::fs::metadata(&f.name) else { continue };
+            if m.len() != f.size || mtime_ns(&m) != f.mtime_ns {
+                bail_user!(
+                    "{what} pack {} is older than {which}: {} changed since it was packed; pack it again (ringtrain pack)",
+                    self.path.display(),
+                    f.name
+                );
+            }
         }
         Ok(())
     }
@@ -277,7 +324,8 @@ impl Index {
             }
             per_class[r.label] += 1;
         }
-        if let Some(c) = per_class.iter().position(|&n| n == 0) {
+        // A label file or shards may lack a class number; a folder has a folder per class.
+        if let Some(c) = per_class.iter().position(|&n| n == 0).filter(|_| self.source.is_none()) {
             anyhow::bail!("has no images of class '{}'", self.classes[c]);
         }
         Ok(())
@@ -301,9 +349,11 @@ pub struct PackOptions {
     pub workers: usize,
 }
 
-/// Packs the ImageFolder `data` into `out`, atomically: a temporary sibling is written, synced
-/// and renamed over `out`, so a reader sees the old pack or the new one, never a part.
-pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
+/// Packs the images `spec` names (an ImageFolder, a folder with a label file, or tar shards)
+/// into `out`, atomically: a temporary sibling is written, synced and renamed over `out`, so a
+/// reader sees the old pack or the new one, never a part.
+pub fn write(spec: impl Into<DataSpec>, out: &Path, o: &PackOptions) -> Result<PackSummary> {
+    let spec = &spec.into();
     if o.store == Store::Encoded && o.max_side.is_some() {
         bail_user!("--max-side resizes decoded images: it needs --store raw (--store encoded keeps the files' bytes)");
     }
@@ -317,10 +367,12 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
             out.join("train.pack").display()
         );
     }
-    let folder = ImageFolder::scan(data, "--data")?;
-    let root = std::fs::canonicalize(data).with_context(|| format!("resolving {}", data.display()))?;
-    let dirs = source_dirs(&folder)?;
-    let files = source_files(&folder)?;
+    let data = &spec.path;
+    if spec.labels.is_none() && data.is_file() && is_pack(data) {
+        bail_user!("--data {} is a pack already", data.display());
+    }
+    let source = PackSource::read(spec)?;
+    let set = &source.set;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(o.workers.max(1))
         .build()
@@ -330,14 +382,15 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
         w.write_all(MAGIC)?;
         w.write_all(&VERSION.to_le_bytes())?;
         w.write_all(&0u32.to_le_bytes())?;
-        let bar = crate::report::progress::count_bar(folder.len() as u64, "packing");
+        let n = set.len();
+        let bar = crate::report::progress::count_bar(n as u64, "packing");
         let (mut records, mut unreadable, mut offset) = (Vec::new(), Vec::new(), HEAD);
-        for start in (0..folder.len()).step_by(CHUNK) {
-            let chunk = start..(start + CHUNK).min(folder.len());
+        for start in (0..n).step_by(CHUNK) {
+            let chunk = start..(start + CHUNK).min(n);
             let items: Vec<Result<(Vec<u8>, u32, u32)>> =
-                pool.install(|| chunk.clone().into_par_iter().map(|i| read_one(&folder.path(i), o)).collect());
+                pool.install(|| chunk.clone().into_par_iter().map(|i| read_one(&set.samples, i, o)).collect());
             for (k, item) in items.into_iter().enumerate() {
-                let label = folder.catalog.label(start + k);
+                let label = set.samples.label(start + k);
                 match item {
                     Ok((bytes, width, height)) => {
                         w.write_all(&bytes)
@@ -352,7 +405,7 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
                         });
                         offset += bytes.len() as u64;
                     }
-                    Err(e) => unreadable.push((folder.path(start + k), e.root_cause().to_string())),
+                    Err(e) => unreadable.push((set.samples.path(start + k), e.root_cause().to_string())),
                 }
             }
             bar.inc(chunk.len() as u64);
@@ -361,11 +414,12 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
         let index = Index {
             store: o.store,
             max_side: o.max_side,
-            classes: folder.classes.clone(),
-            root: root.clone(),
-            files,
-            dirs,
+            classes: set.classes.clone(),
+            root: source.root.clone(),
+            files: source.files.clone(),
+            dirs: source.dirs.clone(),
             records,
+            source: source.packed_from.clone(),
         };
         // A class whose every image was unreadable would train without it: refuse.
         let invalid = |e: anyhow::Error| crate::error::user_error(format!("--data {}: {e}", data.display()));
@@ -384,13 +438,82 @@ pub fn write(data: &Path, out: &Path, o: &PackOptions) -> Result<PackSummary> {
     })
 }
 
-/// One image as the pack stores it: its file's bytes (checked to have a readable header), or
+/// What a pack is made from, and what its freshness check will compare with.
+struct PackSource {
+    set: Dataset,
+    /// The folder packed (absolute), or the shards' folder.
+    root: PathBuf,
+    files: Vec<SourceFile>,
+    dirs: Vec<SourceDir>,
+    packed_from: Option<PackedFrom>,
+}
+
+impl PackSource {
+    fn read(spec: &DataSpec) -> Result<PackSource> {
+        let data = &spec.path;
+        let absolute = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()));
+        if spec.labels.is_none() && !super::shards::is_shards(data) {
+            let folder = ImageFolder::scan(data, "--data")?;
+            let (dirs, files) = (source_dirs(&folder)?, source_files(&folder)?);
+            return Ok(PackSource {
+                root: absolute(data)?,
+                set: Dataset::of_folder(folder),
+                files,
+                dirs,
+                packed_from: None,
+            });
+        }
+        let set = Dataset::open(spec.clone(), "--data")?;
+        let names = |i| set.samples.name(i).to_string_lossy().into_owned();
+        let (root, files, packed_from) = match &set.kind {
+            SourceKind::Labelled(csv) => {
+                let root = absolute(data)?;
+                let files = stat_files(&root, set.len(), |i| set.samples.name(i))?;
+                (root, files, PackedFrom::LabelFile(stat_file(&absolute(csv)?)?))
+            }
+            _ => {
+                let shards = set.samples.shards().expect("tar shards");
+                let files = (0..set.len())
+                    .map(|i| {
+                        let (size, mtime_ns) = set.samples.size_and_mtime(i)?;
+                        Ok(SourceFile { name: names(i), size, mtime_ns })
+                    })
+                    .collect::<Result<_>>()?;
+                let paths = shards.paths.iter().map(|p| stat_file(&absolute(p)?)).collect::<Result<_>>()?;
+                (absolute(&shards.root).unwrap_or_default(), files, PackedFrom::Shards(paths))
+            }
+        };
+        Ok(PackSource {
+            set,
+            root,
+            files,
+            dirs: Vec::new(),
+            packed_from: Some(packed_from),
+        })
+    }
+}
+
+/// A file's (absolute) path, size and modification time.
+fn stat_file(path: &Path) -> Result<SourceFile> {
+    let m = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(SourceFile {
+        name: path.to_string_lossy().into_owned(),
+        size: m.len(),
+        mtime_ns: mtime_ns(&m),
+    })
+}
+
+/// Sample `i` as the pack stores it: its file's bytes (checked to have a readable header), or
 /// its pixels, decoded and shrunk to `max_side`. Returns the bytes and the pixel size (0×0 for
 /// encoded images).
-fn read_one(path: &Path, o: &PackOptions) -> Result<(Vec<u8>, u32, u32)> {
+fn read_one(samples: &Samples, i: usize, o: &PackOptions) -> Result<(Vec<u8>, u32, u32)> {
+    let path = samples.path(i);
+    let bytes = match samples.read(i)? {
+        Stored::Encoded(b) => b.into_owned(),
+        Stored::Raw(_) => unreachable!("a pack is never packed again"),
+    };
     match o.store {
         Store::Encoded => {
-            let bytes = std::fs::read(path).with_context(|| format!("cannot open image {}", path.display()))?;
             image::ImageReader::new(std::io::Cursor::new(&bytes))
                 .with_guessed_format()?
                 .into_dimensions()
@@ -398,7 +521,7 @@ fn read_one(path: &Path, o: &PackOptions) -> Result<(Vec<u8>, u32, u32)> {
             Ok((bytes, 0, 0))
         }
         Store::Raw => {
-            let img = decode_rgb(path)?;
+            let img = decode_bytes(&bytes, &path)?;
             let (w, h) = img.dimensions();
             match o.max_side.map(|m| shorter_side_to(w, h, m)) {
                 Some((nw, nh)) if (nw, nh) != (w, h) => Ok((resize(RgbView::from(&img), nw, nh)?, nw, nh)),

@@ -1,6 +1,7 @@
-//! Where a data set's images come from: the files of an ImageFolder, or the records of a pack
-//! (`pack.rs`). Either way a sample is a name (its path: for messages and reports), a label,
-//! and bytes to decode or pixels ready to use. `--data` and `--val` take either.
+//! Where a data set's images come from: the files of an ImageFolder or of a folder with a label
+//! file (`labels.rs`), the records of a pack (`pack.rs`), or the members of tar shards
+//! (`shards.rs`). Either way a sample is a name (its path: for messages and reports), a label,
+//! and bytes to decode or pixels ready to use. `--data` and `--val` take any of them.
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +10,9 @@ use anyhow::{Context, Result};
 
 use super::catalog::Catalog;
 use super::folder::ImageFolder;
+use super::labels::Columns;
 use super::pack::{Contents, Pack, Store};
+use super::shards::Shards;
 use super::transform::RgbView;
 
 /// A sample's stored form.
@@ -36,6 +39,9 @@ enum Origin {
     Files { root: PathBuf },
     /// A pack's records: the catalog's names are its files' names in the folder packed.
     Pack(Arc<Pack>),
+    /// Tar shards' members: the catalog's names are `SHARD/MEMBER` under `root`, the shards'
+    /// folder.
+    Shards { root: PathBuf, shards: Arc<Shards> },
 }
 
 /// Loose image files (`predict`'s inputs): (path, label).
@@ -82,7 +88,7 @@ impl Samples {
     pub fn path(&self, i: usize) -> PathBuf {
         let name = self.catalog.name(self.picks[i] as usize);
         match &self.origin {
-            Origin::Files { root } => root.join(name),
+            Origin::Files { root } | Origin::Shards { root, .. } => root.join(name),
             Origin::Pack(pack) => pack.path.join(name),
         }
     }
@@ -101,7 +107,23 @@ impl Samples {
     pub fn pack(&self) -> Option<&Pack> {
         match &self.origin {
             Origin::Pack(pack) => Some(pack),
-            Origin::Files { .. } => None,
+            _ => None,
+        }
+    }
+
+    /// The tar shards the samples come from, if any.
+    pub fn shards(&self) -> Option<&Shards> {
+        match &self.origin {
+            Origin::Shards { shards, .. } => Some(shards),
+            _ => None,
+        }
+    }
+
+    /// Sample `i`'s shard, for a sharded source (read shard by shard: `shards::stream_order`).
+    pub fn shard_of(&self, i: usize) -> Option<usize> {
+        match &self.origin {
+            Origin::Shards { shards, .. } => Some(shards.shard_of(self.picks[i] as usize)),
+            _ => None,
         }
     }
 
@@ -122,6 +144,7 @@ impl Samples {
                 Contents::Raw(v) => Stored::Raw(v),
                 Contents::Encoded(b) => Stored::Encoded(Cow::Borrowed(b)),
             }),
+            Origin::Shards { shards, .. } => Ok(Stored::Encoded(Cow::Owned(shards.read(self.picks[i] as usize)?))),
         }
     }
 
@@ -135,7 +158,7 @@ impl Samples {
     }
 
     /// Sample `i`'s size and modification time (ns since the epoch): a pack's as packed, a
-    /// file's now.
+    /// file's now, a shard member's size and its shard's time.
     pub fn size_and_mtime(&self, i: usize) -> Result<(u64, i64)> {
         match &self.origin {
             Origin::Files { .. } => {
@@ -146,6 +169,7 @@ impl Samples {
                 let f = &pack.index.files[pack.index.records[self.picks[i] as usize].file];
                 Ok((f.size, f.mtime_ns))
             }
+            Origin::Shards { shards, .. } => Ok(shards.size_and_mtime(self.picks[i] as usize)),
         }
     }
 
@@ -159,18 +183,89 @@ impl Samples {
     }
 }
 
-/// A labelled data set: an ImageFolder directory or a pack of one.
+/// What `--data` or `--val` (or a command's input) names, with the flags that say how to read
+/// it.
+#[derive(Debug, Clone, Default)]
+pub struct DataSpec {
+    /// A folder, a pack, or tar shards (a pattern, a `.tar` file or a folder of them).
+    pub path: PathBuf,
+    /// A label file for the folder's images (`--labels`, `--val-labels`).
+    pub labels: Option<PathBuf>,
+    pub columns: Columns,
+    /// Missing images and shards cut short are errors, not warnings.
+    pub strict: bool,
+}
+
+/// A folder, a pack or shards, read with the defaults.
+impl<P: AsRef<Path>> From<P> for DataSpec {
+    fn from(path: P) -> DataSpec {
+        DataSpec {
+            path: path.as_ref().to_path_buf(),
+            ..Default::default()
+        }
+    }
+}
+
+/// What kind of source a data set was read from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceKind {
+    Folder,
+    Pack,
+    /// A folder with this label file.
+    Labelled(PathBuf),
+    /// This many tar shards.
+    Shards(usize),
+}
+
+/// A labelled data set: an ImageFolder directory, a pack, a folder with a label file, or tar
+/// shards.
 pub struct Dataset {
     /// What the user named (`--data`, `--val`).
     pub root: PathBuf,
     pub classes: Vec<String>,
     pub samples: Samples,
+    pub kind: SourceKind,
 }
 
 impl Dataset {
-    /// Opens `path`, a directory (scanned as an ImageFolder) or a pack file (validated, and
-    /// refused when older than its folder). `what` names the flag, for error messages.
-    pub fn open(path: &Path, what: &str) -> Result<Dataset> {
+    /// Opens what `spec` names: with a label file, the folder's images it labels; tar shards
+    /// (`shards::is_shards`); a pack file (validated, and refused when older than its folder);
+    /// else a directory scanned as an ImageFolder. `what` names the flag, for error messages.
+    pub fn open(spec: impl Into<DataSpec>, what: &str) -> Result<Dataset> {
+        let spec = spec.into();
+        let path = &spec.path;
+        if let Some(csv) = &spec.labels {
+            if super::shards::is_shards(path) {
+                crate::bail_user!(
+                    "{what} {} is tar shards, which carry their own labels; a label file labels a folder's images",
+                    path.display()
+                );
+            }
+            let flag = if what == "--val" { "--val-labels" } else { "--labels" };
+            let set = super::labels::open(path, csv, &spec.columns, spec.strict, flag)?;
+            return Ok(Dataset {
+                root: path.clone(),
+                classes: set.classes,
+                samples: Samples::of_files(path.clone(), set.catalog),
+                kind: SourceKind::Labelled(csv.clone()),
+            });
+        }
+        if super::shards::is_shards(path) {
+            let (classes, catalog, shards) = Shards::open(path, &spec.columns, spec.strict, what)?;
+            return Ok(Dataset {
+                root: path.clone(),
+                classes,
+                kind: SourceKind::Shards(shards.paths.len()),
+                samples: Samples {
+                    picks: (0..catalog.len() as u32).collect(),
+                    catalog: Arc::new(catalog),
+                    origin: Origin::Shards {
+                        root: shards.root.clone(),
+                        shards: Arc::new(shards),
+                    },
+                },
+            });
+        }
         if path.is_file() {
             let pack = Pack::open(path, what)?;
             pack.check_fresh(what)?;
@@ -178,6 +273,7 @@ impl Dataset {
                 root: path.to_path_buf(),
                 classes: pack.index.classes.clone(),
                 samples: Samples::of_pack(Arc::new(pack)),
+                kind: SourceKind::Pack,
             });
         }
         Ok(Dataset::of_folder(ImageFolder::scan(path, what)?))
@@ -189,6 +285,7 @@ impl Dataset {
             samples: Samples::of_files(folder.root.clone(), folder.catalog),
             root: folder.root,
             classes: folder.classes,
+            kind: SourceKind::Folder,
         }
     }
 
@@ -200,8 +297,30 @@ impl Dataset {
         self.samples.is_empty()
     }
 
-    /// Validation must use the training classes (`folder::same_classes`).
-    pub fn check_same_classes(&self, train: &Dataset) -> Result<()> {
-        super::folder::same_classes(&self.classes, &train.classes, &self.root)
+    /// This set's samples labelled with `classes` (a model's, or the training set's). A folder
+    /// or a pack must have exactly those classes (`folder::same_classes`); a label file or shards
+    /// name theirs by the labels present, so any of `classes` may be absent from them, but none
+    /// may be new.
+    pub fn onto_classes(mut self, classes: &[String]) -> Result<Dataset> {
+        if self.classes == classes {
+            return Ok(self);
+        }
+        if matches!(self.kind, SourceKind::Folder | SourceKind::Pack) {
+            super::folder::same_classes(&self.classes, classes, &self.root)?;
+        }
+        let map: Vec<Option<usize>> = self.classes.iter().map(|c| classes.iter().position(|k| k == c)).collect();
+        let extra: Vec<&String> = self.classes.iter().zip(&map).filter(|(_, m)| m.is_none()).map(|(c, _)| c).collect();
+        if !extra.is_empty() {
+            crate::bail_user!(
+                "{} has classes the model does not know: {:?} (its classes: {} in all)",
+                self.root.display(),
+                extra,
+                classes.len()
+            );
+        }
+        let catalog = Arc::make_mut(&mut self.samples.catalog);
+        catalog.relabel(|l| map[l].expect("checked above"));
+        self.classes = classes.to_vec();
+        Ok(self)
     }
 }

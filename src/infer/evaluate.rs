@@ -8,7 +8,7 @@ use anyhow::Result;
 use tch::Device;
 
 use crate::bail_user;
-use crate::data::source::Dataset;
+use crate::data::source::{DataSpec, Dataset, SourceKind};
 use crate::data::loader::{Loader, LoaderOptions, Shard};
 use crate::data::transform::Transform;
 use crate::data::Normalizer;
@@ -22,8 +22,8 @@ use crate::train::eval::EvalResult;
 pub struct EvaluateOptions {
     /// A checkpoint directory (e.g. runs/x/best).
     pub checkpoint: PathBuf,
-    /// Images in the ImageFolder layout, with the checkpoint's classes.
-    pub data: PathBuf,
+    /// The images, with classes among the checkpoint's.
+    pub data: DataSpec,
     /// Where the report goes; None: `<run>/eval-<checkpoint name>`.
     pub out: Option<PathBuf>,
     pub batch_size: usize,
@@ -54,15 +54,17 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
         crate::report::progress::set_quiet(true);
     }
     let (model, state) = checkpoint::load(&o.checkpoint, device)?;
-    let data = Dataset::open(&o.data, "--data")?;
-    if data.classes != state.classes {
+    let data = Dataset::open(o.data.clone(), "--data")?;
+    // A folder or a pack has all of its classes; a label file or shards may lack some.
+    if matches!(data.kind, SourceKind::Folder | SourceKind::Pack) && data.classes != state.classes {
         bail_user!(
             "--data {} has classes {:?}, the checkpoint was trained on {:?}",
-            o.data.display(),
+            o.data.path.display(),
             data.classes,
             state.classes
         );
     }
+    let data = data.onto_classes(&state.classes)?;
     let normalize = Normalizer::new(state.mean3(), state.std3(), device);
     let loader = Loader::new(
         data.samples,
@@ -84,7 +86,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
     let out = o.out.clone().unwrap_or_else(|| default_out(&o.checkpoint));
     let report = match is_main {
         true => {
-            let title = format!("{} — {}", state.model, o.data.display());
+            let title = format!("{} — {}", state.model, o.data.path.display());
             Some(write_evaluation(&out, &state.classes, &result, &title, Default::default())?)
         }
         false => None,

@@ -25,14 +25,14 @@ pub struct Inputs {
 pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> {
     let mut out = Inputs::default();
     for input in inputs {
-        if !input.exists() {
-            bail_user!("input does not exist: {}", input.display());
-        }
-        if is_pack(input) {
+        if is_set(input) {
             bail_user!(
-                "{} is a pack: predict takes a pack alone, not with other inputs",
+                "{} is a pack or tar shards: predict takes one alone, not with other inputs",
                 input.display()
             );
+        }
+        if !input.exists() {
+            bail_user!("input does not exist: {}", input.display());
         }
         if input.is_file() {
             out.paths.push(input.clone());
@@ -84,12 +84,14 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
     Ok(out)
 }
 
-fn is_pack(path: &Path) -> bool {
-    path.is_file() && crate::data::pack::is_pack(path)
+/// A pack or tar shards: read as a data set, not as image files.
+fn is_set(path: &Path) -> bool {
+    (path.is_file() && crate::data::pack::is_pack(path)) || crate::data::shards::is_shards(path)
 }
 
-/// A pack's images as inputs, labelled by class name where the checkpoint has the class.
-fn pack_inputs(path: &Path, classes: &[String]) -> Result<(Inputs, Samples)> {
+/// A pack's or tar shards' images as inputs, labelled by class name where the checkpoint has
+/// the class.
+fn set_inputs(path: &Path, classes: &[String]) -> Result<(Inputs, Samples)> {
     let set = Dataset::open(path, "input")?;
     let label = |c: usize| classes.iter().position(|k| *k == set.classes[c]);
     let inputs = Inputs {
@@ -144,7 +146,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
     }
     let (model, state) = checkpoint::load(&o.checkpoint, o.device)?;
     let (inputs, samples) = match o.inputs.as_slice() {
-        [one] if is_pack(one) => pack_inputs(one, &state.classes)?,
+        [one] if is_set(one) => set_inputs(one, &state.classes)?,
         _ => {
             let inputs = collect_inputs(&o.inputs, &state.classes)?;
             let samples: Vec<(PathBuf, usize)> = inputs.paths.iter().map(|p| (p.clone(), 0)).collect();

@@ -16,7 +16,7 @@ use crate::config::TrainConfig;
 use crate::data::cache::{default_budget, CachePlan};
 use crate::data::erasing::RandomErasing;
 use crate::data::loader::{Batch, Loader, LoaderOptions, Shard};
-use crate::data::source::{Dataset, Samples, Stored};
+use crate::data::source::{Dataset, Samples, SourceKind, Stored};
 use crate::data::transform::Transform;
 use crate::data::Normalizer;
 use crate::error::user_error;
@@ -52,15 +52,21 @@ impl TrainData {
     /// The run's data; a resumed run's as `recorded` when it started (`data_record.rs`).
     pub fn load(cfg: &TrainConfig, ctx: &RankContext, recorded: Option<&DataRecord>) -> Result<Self> {
         let data_dir = cfg.data.as_ref().expect("checked by preflight");
-        let train_set = Dataset::open(data_dir, "--data")?;
-        let (train_samples, val_samples) = match &cfg.val {
-            Some(v) => {
-                let val_set = Dataset::open(v, "--val")?;
-                val_set.check_same_classes(&train_set)?;
+        let train_set = Dataset::open(cfg.data_spec(), "--data")?;
+        if let [only] = &train_set.classes[..] {
+            return Err(user_error(format!(
+                "--data {} has one class ('{only}'): a classifier needs two or more (a folder of images labelled by a CSV file takes --labels)",
+                data_dir.display()
+            )));
+        }
+        let split = cfg.val_spec().is_none();
+        let (train_samples, val_samples) = match cfg.val_spec() {
+            Some(spec) => {
+                let val_set = Dataset::open(spec, "--val")?.onto_classes(&train_set.classes)?;
                 if same_images(&train_set, &val_set) {
                     warn(&format!(
                         "--val {} holds the same images as --data: the validation figures will measure the training set",
-                        v.display()
+                        val_set.root.display()
                     ));
                 }
                 (train_set.samples.clone(), val_set.samples)
@@ -74,7 +80,18 @@ impl TrainData {
             }
         };
         if let (Some(r), true) = (recorded, ctx.is_main()) {
-            super::data_record::check(r, &train_samples, &val_samples, cfg.val.is_none(), cfg.strict)?;
+            super::data_record::check(r, &train_samples, &val_samples, split, cfg.strict)?;
+        }
+        if let SourceKind::Shards(shards) = train_set.kind {
+            let held = crate::data::shards::shard_count(train_samples.len(), |i| train_samples.shard_of(i).unwrap_or(0));
+            if held < ctx.world() {
+                return Err(user_error(format!(
+                    "--data {}: {shards} shard(s) for {} ranks; training splits the shards across the ranks, so every rank needs one: write the set in at least {} shards",
+                    data_dir.display(),
+                    ctx.world(),
+                    ctx.world()
+                )));
+            }
         }
         let n_train = train_samples.len();
         check_something_decodes(&train_samples, data_dir)?;
@@ -105,13 +122,14 @@ impl TrainData {
         };
         let base = LoaderOptions {
             seed: cfg.seed,
+            shuffle_buffer: cfg.shuffle_buffer,
             prefetch: cfg.prefetch,
             skip_unreadable: !cfg.strict,
             whole_jpeg: cfg.torchvision_compat,
             cache: cache.budget.clone(),
             ..LoaderOptions::in_order(rank_batch, workers).for_device(&normalize)
         };
-        let source = describe_source(&train_set);
+        let mut source = describe_source(&train_set);
         let mut train = Loader::new(
             train_samples,
             Transform::Train {
@@ -136,6 +154,13 @@ impl TrainData {
                 ..base.clone()
             },
         )?;
+        if let SourceKind::Shards(_) = train_set.kind {
+            source += &format!(
+                ", read as WebDataset reads them (shards in an order drawn per epoch, each rank its own, through a {}-sample shuffle buffer; {} samples per rank per epoch)",
+                cfg.shuffle_buffer,
+                train.shard_len()
+            );
+        }
         let mut val = Loader::new(
             val_samples,
             Transform::Eval {
@@ -275,20 +300,24 @@ fn check_something_decodes(samples: &Samples, root: &Path) -> Result<()> {
     )))
 }
 
-/// Whether two sets are the same images: the same folder or pack, or a pack and its folder.
+/// Whether two sets are the same images: the same folder or pack, or a pack and its folder, or
+/// the same shards; a folder with a label file is the same only with the same file.
 fn same_images(a: &Dataset, b: &Dataset) -> bool {
     let place = |d: &Dataset| {
         let root = d.samples.pack().map_or(d.root.clone(), |p| p.index.root.clone());
-        std::fs::canonicalize(&root).unwrap_or(root)
+        let labels = match &d.kind {
+            SourceKind::Labelled(csv) => Some(std::fs::canonicalize(csv).unwrap_or(csv.clone())),
+            _ => None,
+        };
+        (std::fs::canonicalize(&root).unwrap_or(root), labels)
     };
     place(a) == place(b)
 }
 
-/// "folder X" or "raw pack X (N MB)", for the banner.
+/// "the folder X", "the raw pack X (N MB)", "N tar shards X", for the banner.
 fn describe_source(set: &Dataset) -> String {
-    match set.samples.pack() {
-        None => format!("images from the folder {}", set.root.display()),
-        Some(p) => format!(
+    match (&set.kind, set.samples.pack()) {
+        (_, Some(p)) => format!(
             "images from the {} pack {} ({:.0} MB)",
             match p.index.store {
                 crate::data::pack::Store::Raw => "raw",
@@ -297,5 +326,8 @@ fn describe_source(set: &Dataset) -> String {
             set.root.display(),
             p.data_bytes() as f64 / 1e6
         ),
+        (SourceKind::Labelled(csv), _) => format!("images from the folder {} labelled by {}", set.root.display(), csv.display()),
+        (SourceKind::Shards(n), _) => format!("images from {n} tar shard(s) {}", set.root.display()),
+        _ => format!("images from the folder {}", set.root.display()),
     }
 }

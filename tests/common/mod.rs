@@ -70,6 +70,35 @@ pub fn ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
         .expect("running ringtrain")
 }
 
+/// Every batch of an in-order pass over `spec` at 48 px (the evaluation transform): (pixels,
+/// labels). Two sources of the same images in the same order give the same batches.
+pub fn eval_batches(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<(Vec<u8>, Vec<i64>)> {
+    use ringtrain::data::loader::{Loader, LoaderOptions};
+    let set = ringtrain::data::source::Dataset::open(spec, "--data").unwrap();
+    let t = ringtrain::data::transform::Transform::Eval { size: 48, resize: 56 };
+    let l = Loader::new(set.samples, t, LoaderOptions::in_order(5, 2)).unwrap();
+    l.epoch(0)
+        .map(|b| {
+            let b = b.unwrap();
+            (Vec::<u8>::try_from(b.images.flatten(0, -1)).unwrap(), Vec::<i64>::try_from(&b.labels).unwrap())
+        })
+        .collect()
+}
+
+/// Runs ringtrain with `args` and expects a user error: exit code 2, one line starting
+/// "error: " that mentions `needle`, no panic.
+pub fn expect_user_error<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S], needle: &str) {
+    let out = ringtrain(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: expected exit 2, stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: expected one line, got: {stderr}");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+}
+
 /// An ImageFolder tree of the demo's procedural shapes (36 px): `per_class` PNGs per class.
 pub fn make_folder(root: &Path, classes: &[&str], per_class: usize) {
     Shapes { size: 36, seed: 3, first: 0 }.write(root, classes, per_class);
