@@ -6,7 +6,7 @@
 # - A Python virtual environment OUTSIDE the clone (default ~/.cache/ringtrain/venv, override with
 #   RINGTRAIN_CACHE) holding libtorch 2.11.0 (the torch wheel: CPU + CUDA 13.0, cuDNN, NCCL),
 #   the CUDA headers the NCCL part of the shim compiles against, and the Python packages the tests
-#   use as independent references (torchvision, timm, webdataset, safetensors, scikit-learn,
+#   use as independent references (torchvision, timm, webdataset, datasets, safetensors, scikit-learn,
 #   tensorboard).
 #
 # Re-running it is cheap: each step checks a stamp first.
@@ -20,6 +20,7 @@ PY_PACKAGES=(
   "torchvision==0.26.0"
   "timm==1.0.31"
   "webdataset==1.0.2"
+  "datasets==5.2.0"
   "cuda-toolkit[cccl,crt]==13.0.2"
   "safetensors"
   "scikit-learn"

@@ -67,8 +67,8 @@ impl Metric {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
-    /// Training images: an ImageFolder (<dir>/<class>/<image>), a pack, tar shards, or with
-    /// `labels` a folder of images.
+    /// Training images: an ImageFolder (<dir>/<class>/<image>), a pack, tar shards, parquet
+    /// files, or with `labels` a folder of images.
     pub data: Option<PathBuf>,
     /// Validation images; without it (and `val_labels`), `val_split` of the training images are
     /// held out.
@@ -78,11 +78,11 @@ pub struct TrainConfig {
     pub labels: Option<PathBuf>,
     /// A CSV file labelling `val`'s images (`data`'s folder's, when no `val` is given).
     pub val_labels: Option<PathBuf>,
-    /// The label files' image column (tar shards: the image member's extension).
+    /// The label files' (parquet files') image column (tar shards: the image member's extension).
     pub image_column: Option<String>,
-    /// The label files' label column (tar shards: the label member's extension).
+    /// The label files' (parquet files') label column (tar shards: the label member's extension).
     pub label_column: Option<String>,
-    /// Tar shards: the shuffle buffer over each rank's stream of samples.
+    /// Tar shards and parquet files: the shuffle buffer over each rank's stream of samples.
     pub shuffle_buffer: usize,
     pub out: PathBuf,
     pub model: ModelKind,
@@ -319,8 +319,8 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("val", "none: --val-split of --data"),
     ("labels", "none: the folder's class sub-folders label its images"),
     ("val_labels", "none"),
-    ("image_column", "the first column; in tar shards the member with an image extension"),
-    ("label_column", "the second column; in tar shards the .cls member"),
+    ("image_column", "the first column; in tar shards the member with an image extension; in parquet files image"),
+    ("label_column", "the second column; in tar shards the .cls member; in parquet files label"),
     ("eval_resize", "img-size / 0.875"),
     ("t_max", "epochs"),
     ("constant_lr", "eta-min"),
@@ -526,7 +526,7 @@ impl TrainConfig {
     pub fn preflight(&self) -> Result<()> {
         self.check()?;
         for (flag, path) in [("--data", &self.data), ("--val", &self.val)] {
-            if let Some(p) = path.as_ref().filter(|p| !p.exists() && !crate::data::shards::is_shards(p)) {
+            if let Some(p) = path.as_ref().filter(|p| !p.exists() && !crate::data::source::is_sharded(p)) {
                 bail_user!("{flag} directory (or pack) does not exist: {}", p.display());
             }
         }

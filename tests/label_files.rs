@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{argv, eval_batches, expect_user_error, link_first, ringtrain, shared_data};
+use common::{argv, eval_batches, expect_user_error, link_first, ringtrain, run_python_code, shared_data, train_samples};
 use ringtrain::data::source::{DataSpec, Dataset};
 
 const CLASSES: [&str; 3] = ["Black-grass", "Charlock", "Cleavers"];
@@ -29,21 +29,30 @@ fn a_label_file_gives_the_folders_batches() {
     let folder = Dataset::open(&tree, "--data").unwrap();
     let flat = d.path().join("kaggle/train_images");
     std::fs::create_dir_all(&flat).unwrap();
-    let mut csv = String::from("id,width,species\n");
+    // Python's csv module writes the file (its "\r\n" line ends included).
+    let mut rows = Vec::new();
     for i in 0..folder.len() {
         let id = format!("{:08x}", (i as u64 + 1) * 0x9E37_79B9 % 0xFFFF_FFFF);
         std::os::unix::fs::symlink(folder.samples.path(i), flat.join(format!("{id}.png"))).unwrap();
-        csv += &format!("{id},150,{}\r\n", folder.classes[folder.samples.label(i)]);
+        rows.push(format!("[{id:?}, 150, {:?}]", folder.classes[folder.samples.label(i)]));
     }
     let file = d.path().join("kaggle/train.csv");
-    std::fs::write(&file, &csv).unwrap();
+    run_python_code(&format!(
+        "import csv\nw = csv.writer(open({:?}, 'w', newline=''))\nw.writerow(['id', 'width', 'species'])\nw.writerows([{}])\n",
+        file.to_str().unwrap(),
+        rows.join(", ")
+    ));
+    let csv = std::fs::read_to_string(&file).unwrap();
+    assert!(csv.contains("\r\n"));
 
     let mut spec = labels(&flat, &file);
     spec.columns.label = Some("species".into());
     let set = Dataset::open(spec.clone(), "--data").unwrap();
     assert_eq!(set.classes, CLASSES);
     assert_eq!(set.len(), 21);
-    assert_eq!(eval_batches(spec), eval_batches(DataSpec::from(&tree)));
+    assert_eq!(eval_batches(spec.clone()), eval_batches(DataSpec::from(&tree)));
+    // Training: the same shuffle and the same augmentation, sample for sample.
+    assert_eq!(train_samples(spec), train_samples(&tree));
 
     // The rows may name the images under the folder above, by their path in it.
     let rows: String = csv.lines().skip(1).map(|l| format!("train_images/{l}\n")).collect();
@@ -162,6 +171,17 @@ fn malformed_label_files_are_one_line_each() {
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{err}");
     let warned: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
-    assert_eq!(warned.len(), 1, "{err}");
+    assert_eq!(warned.len(), 2, "{err}");
     assert!(warned[0].contains("line 7, 'gone.png'") && warned[0].contains("left out"), "{err}");
+    // a/x.png, b/2.png, b/x.png and a/2.png have no row.
+    assert!(warned[1].contains("4 of the 9 images under") && warned[1].contains("have no row in"), "{err}");
+
+    // A validation label the training labels do not have.
+    let (train, val) = (d.path().join("train.csv"), d.path().join("val.csv"));
+    std::fs::write(&train, good).unwrap();
+    std::fs::write(&val, "file,label\na/2.png,cat\nb/2.png,emu\n").unwrap();
+    expect_user_error(
+        &argv("train --data {} --labels {} --val-labels {} --out {} --device cpu --overwrite", &[&dir, &train, &val, &out]),
+        "has classes the model does not know: [\"emu\"]",
+    );
 }

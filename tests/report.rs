@@ -58,6 +58,69 @@ fn shapes(root: &Path, per_class: usize, first: u64) {
     common::Shapes { size: 36, seed: 9, first }.write(root, &["circle", "cross", "ring"], per_class);
 }
 
+/// A run of 1,000 classes (CIFAR JPEGs labelled by a CSV file, two per class): report.txt and
+/// confusion.csv are sklearn's for the run's own predictions, the terminal shows the 40 classes
+/// of lowest F1, confusion.png is the compact map (at most 1,200 px of cells beside the most
+/// confused pairs), and TensorBoard's reader reads the run.
+#[test]
+fn a_thousand_classes_report_and_plot() {
+    let d = tempfile::tempdir().unwrap();
+    let images = d.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    let cifar = common::shared_data("cifar10/train/airplane");
+    let mut names: Vec<_> = std::fs::read_dir(&cifar).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    let mut csv = String::from("image,label\n");
+    for (i, n) in names.iter().take(2000).enumerate() {
+        std::os::unix::fs::symlink(cifar.join(n), images.join(n)).unwrap();
+        csv += &format!("{},class {:04}\n", n.to_str().unwrap(), i / 2);
+    }
+    let labels = d.path().join("labels.csv");
+    std::fs::write(&labels, csv).unwrap();
+    let out = d.path().join("run");
+    let o = common::ringtrain(&common::argv(
+        "train --data {} --labels {} --out {} --model resnet10-tiny --img-size 16 --epochs 1 --batch-size 64 --val-split 0.5 --device cpu",
+        &[&images, &labels, &out],
+    ));
+    let said = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    assert!(said.contains("1000 classes, 1000 train / 1000 val images"), "{said}");
+    assert!(said.contains("the 40 of 1000 classes with the lowest F1 (the whole report: report.txt in the run directory)"), "{said}");
+    let (report, confusion) = (
+        std::fs::read_to_string(out.join("report.txt")).unwrap(),
+        std::fs::read_to_string(out.join("confusion.csv")).unwrap(),
+    );
+    assert_eq!(report.lines().filter(|l| l.trim_start().starts_with("class ")).count(), 1000);
+    assert_eq!(confusion.lines().count(), 1001);
+    // The report is sklearn's classification_report of confusion.csv's own counts.
+    let check = common::run_python_code(&format!(
+        r#"
+import csv, numpy as np
+from sklearn.metrics import classification_report
+rows = list(csv.reader(open({confusion:?})))
+names, m = rows[0][1:], np.array([[int(c) for c in r[1:]] for r in rows[1:]])
+t, p = [], []
+for i in range(len(names)):
+    for j in range(len(names)):
+        t += [i] * m[i, j]; p += [j] * m[i, j]
+want = classification_report(t, p, labels=range(len(names)), target_names=names, digits=4, zero_division=0)
+got = open({report:?}).read()
+num = lambda t: f"{{float(t):.4f}}" if t.replace(".", "").isdigit() else t
+norm = lambda s: [[num(t) for t in l.split()] for l in s.splitlines() if l.strip()]
+diff = [(a, b) for a, b in zip(norm(want), norm(got)) if a != b]
+print("same" if not diff and len(norm(want)) == len(norm(got)) else diff[:3])
+"#,
+        confusion = out.join("confusion.csv").to_str().unwrap(),
+        report = out.join("report.txt").to_str().unwrap()
+    ));
+    assert_eq!(check.trim(), "same");
+    let png = image::open(out.join("confusion.png")).unwrap();
+    assert!(png.width() <= 1900 && png.height() <= 1400, "{}×{}", png.width(), png.height());
+    let tb: serde_json::Value =
+        serde_json::from_str(&common::run_python(&["tensorboard_scalars", out.to_str().unwrap()])).unwrap();
+    assert_eq!(tb["scalars"]["epoch/val_top1"].as_array().unwrap().len(), 1);
+}
+
 #[test]
 fn tensorboard_reader_finds_the_runs_scalars_with_right_steps_and_values() {
     let d = tempfile::tempdir().unwrap();

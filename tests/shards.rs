@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{argv, eval_batches, expect_user_error, ringtrain, run_python_code, shared_data};
+use common::{argv, eval_batches, expect_user_error, ringtrain, run_python_code, shared_data, train_samples};
 use ringtrain::data::shards::expand;
 use ringtrain::data::source::{DataSpec, Dataset};
 use sha2::{Digest, Sha256};
@@ -75,6 +75,17 @@ fn shards_list_what_webdataset_reads_and_batch_as_their_folder() {
     let four = d.path().join("train-{000000..000003}.tar");
     let tree = eval_batches(d.path().join("tree"));
     assert_eq!(eval_batches(&four), tree);
+    // Training reads them in WebDataset's order: each epoch the same multiset of samples, each
+    // augmented as the folder's same image is (its randomness is keyed by the sample's index).
+    let sorted = |mut e: Vec<(Vec<u8>, i64)>| {
+        e.sort();
+        e
+    };
+    let (shards, folder) = (train_samples(&four), train_samples(d.path().join("tree")));
+    for (s, f) in shards.into_iter().zip(folder) {
+        assert_ne!(s, f, "not the folder's global shuffle");
+        assert_eq!(sorted(s), sorted(f));
+    }
 
     // A pack of the shards holds the same images; a shard changed since is refused.
     let pack = d.path().join("s.pack");

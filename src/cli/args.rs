@@ -104,20 +104,21 @@ pub struct ConvertArgs {
 #[derive(Args)]
 pub struct SourceArgs {
     /// Images: <dir>/<class>/<image>, a pack (ringtrain pack), WebDataset tar shards
-    /// ('train-{000000..000146}.tar', a .tar file or a folder of them), or with --labels a
-    /// folder of images.
+    /// ('train-{000000..000146}.tar', a .tar file or a folder of them), Hugging Face parquet
+    /// files ('data/test-*.parquet'), or with --labels a folder of images.
     #[arg(long)]
     pub data: PathBuf,
     /// A CSV file labelling --data's images, one row each, header first: the image (its path
     /// under --data, with or without the extension, or its file name) and its class name.
     #[arg(long)]
     pub labels: Option<PathBuf>,
-    /// The label file's image column by name (tar shards: the image member's extension)
-    /// [default: the first column; in shards any image extension].
+    /// The label file's (parquet files') image column by name (tar shards: the image member's
+    /// extension) [default: the first column; in tar shards any image extension; in parquet
+    /// files image].
     #[arg(long)]
     pub image_column: Option<String>,
-    /// The label file's label column by name (tar shards: the label member's extension)
-    /// [default: the second column; in shards cls].
+    /// The label file's (parquet files') label column by name (tar shards: the label member's
+    /// extension) [default: the second column; in tar shards cls; in parquet files label].
     #[arg(long)]
     pub label_column: Option<String>,
 }
@@ -373,8 +374,9 @@ pub struct TrainArgs {
     #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Training images: <dir>/<class>/<image>, a pack (ringtrain pack), WebDataset tar shards
-    /// ('train-{000000..000146}.tar', a .tar file or a folder of them), or with --labels a
-    /// folder of images.
+    /// ('train-{000000..000146}.tar', a .tar file or a folder of them), Hugging Face parquet
+    /// files ('data/train-*.parquet', a file or a folder of them), or with --labels a folder of
+    /// images.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Validation images (any form --data takes), classes among --data's.
@@ -390,14 +392,16 @@ pub struct TrainArgs {
     /// A CSV file labelling --val's images (--data's folder's, when no --val is given).
     #[arg(long)]
     pub val_labels: Option<PathBuf>,
-    /// The label files' image column by name (tar shards: the image member's extension).
+    /// The label files' (parquet files') image column by name (tar shards: the image member's
+    /// extension).
     #[arg(long)]
     pub image_column: Option<String>,
-    /// The label files' label column by name (tar shards: the label member's extension).
+    /// The label files' (parquet files') label column by name (tar shards: the label member's
+    /// extension).
     #[arg(long)]
     pub label_column: Option<String>,
-    /// Tar shards: the shuffle buffer, in samples, over each rank's shards (as WebDataset's
-    /// .shuffle(N)).
+    /// Tar shards and parquet files: the shuffle buffer, in samples, over each rank's shards (as
+    /// WebDataset's .shuffle(N)); parquet's shards are its row groups.
     #[arg(long)]
     pub shuffle_buffer: Option<usize>,
     /// Run directory: config, checkpoints, metrics.

@@ -119,11 +119,14 @@ fn finish_run(summary: crate::train::RunSummary) -> Result<()> {
         say!(
             "\nclassification report (best epoch {}):\n{}",
             summary.best_epoch,
-            r.to_text()
+            r.summary_text(CONSOLE_CLASSES, "report.txt in the run directory")
         );
     }
     Ok(())
 }
+
+/// Classes of a report printed whole; beyond, the lowest-F1 ones (the files hold them all).
+const CONSOLE_CLASSES: usize = 40;
 
 /// Data worker threads: as given, else the available cores.
 fn workers(n: Option<usize>) -> usize {
@@ -151,7 +154,7 @@ fn eval(args: &EvalArgs) -> Result<()> {
             ev.loss,
             100.0 * ev.top1,
             100.0 * ev.top5,
-            report.to_text(),
+            report.summary_text(CONSOLE_CLASSES, "report.txt"),
             e.out.display()
         );
     }

@@ -26,6 +26,8 @@ pub struct Columns {
 pub struct LabelledFolder {
     pub classes: Vec<String>,
     pub catalog: Catalog,
+    /// Image files under the folder, labelled or not.
+    pub images: usize,
 }
 
 /// Reads `csv` and finds its images under `dir`. `flag` names the label file's flag for
@@ -137,7 +139,11 @@ pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str)
         .iter()
         .map(|(f, label)| (&files.names[*f as usize], classes.binary_search(label).expect("a label of a row")))
         .collect();
-    Ok(LabelledFolder { classes, catalog })
+    Ok(LabelledFolder {
+        classes,
+        catalog,
+        images: files.names.len(),
+    })
 }
 
 enum Found {

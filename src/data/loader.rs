@@ -212,9 +212,8 @@ impl Loader {
         if self.shuffle && self.samples.shard_of(0).is_some() {
             let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));
             let shard_of = |i| self.samples.shard_of(i).expect("a sharded source");
-            let len = self.shard_len();
-            let o = super::shards::stream_order(self.samples.len(), shard_of, self.seed, epoch, (rank, world), self.shuffle_buffer, len);
-            return o;
+            let (n, len) = (self.samples.len(), self.shard_len());
+            return super::shards::stream_order(n, shard_of, self.seed, epoch, (rank, world), self.shuffle_buffer, len);
         }
         let mut order: Vec<usize> = (0..self.samples.len()).collect();
         if self.shuffle {

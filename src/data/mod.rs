@@ -1,4 +1,4 @@
-//! Data: the sources (folders, label files, packs, tar shards) → decode → augment → batches (uint8 NHWC on the host).
+//! Data: the sources (folders, label files, packs, tar shards, parquet files) → decode → augment → batches (uint8 NHWC on the host).
 //! Normalisation to float happens on the device (`Normalizer`).
 pub mod cache;
 pub mod catalog;
@@ -11,6 +11,7 @@ pub mod loader;
 pub mod mixup;
 pub mod on_device;
 pub mod pack;
+pub mod parquet;
 pub mod shards;
 pub mod source;
 pub mod split;

@@ -106,7 +106,7 @@ pub struct Index {
 pub enum PackedFrom {
     /// The folder (`Index::root`) with this label file (absolute).
     LabelFile(SourceFile),
-    /// These tar shards (absolute paths); `Index::files` are their members.
+    /// These tar shards or parquet files (absolute paths); `Index::files` are their samples.
     Shards(Vec<SourceFile>),
 }
 
@@ -452,7 +452,7 @@ impl PackSource {
     fn read(spec: &DataSpec) -> Result<PackSource> {
         let data = &spec.path;
         let absolute = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()));
-        if spec.labels.is_none() && !super::shards::is_shards(data) {
+        if spec.labels.is_none() && !super::source::is_sharded(data) {
             let folder = ImageFolder::scan(data, "--data")?;
             let (dirs, files) = (source_dirs(&folder)?, source_files(&folder)?);
             return Ok(PackSource {
@@ -466,21 +466,21 @@ impl PackSource {
         let set = Dataset::open(spec.clone(), "--data")?;
         let names = |i| set.samples.name(i).to_string_lossy().into_owned();
         let (root, files, packed_from) = match &set.kind {
-            SourceKind::Labelled(csv) => {
+            SourceKind::Labelled { file: csv, .. } => {
                 let root = absolute(data)?;
                 let files = stat_files(&root, set.len(), |i| set.samples.name(i))?;
                 (root, files, PackedFrom::LabelFile(stat_file(&absolute(csv)?)?))
             }
             _ => {
-                let shards = set.samples.shards().expect("tar shards");
+                let (paths, root) = set.samples.shard_files().expect("tar shards or parquet files");
                 let files = (0..set.len())
                     .map(|i| {
                         let (size, mtime_ns) = set.samples.size_and_mtime(i)?;
                         Ok(SourceFile { name: names(i), size, mtime_ns })
                     })
                     .collect::<Result<_>>()?;
-                let paths = shards.paths.iter().map(|p| stat_file(&absolute(p)?)).collect::<Result<_>>()?;
-                (absolute(&shards.root).unwrap_or_default(), files, PackedFrom::Shards(paths))
+                let paths = paths.iter().map(|p| stat_file(&absolute(p)?)).collect::<Result<_>>()?;
+                (absolute(root).unwrap_or_default(), files, PackedFrom::Shards(paths))
             }
         };
         Ok(PackSource {

@@ -167,14 +167,15 @@ fn scan_shard(path: &Path, columns: &Columns) -> Result<ShardScan> {
         incomplete: 0,
         cut: None,
     };
-    // The sample being gathered: key, image (name, offset, len), label.
+    // The sample being gathered: key, image (name, offset, len), label (an empty one counts as
+    // none).
     let mut key: Vec<u8> = Vec::new();
     let mut image: Option<(Vec<u8>, u64, u64)> = None;
     let mut label: Option<String> = None;
     let mut started = false;
     let finish = |image: &mut Option<(Vec<u8>, u64, u64)>, label: &mut Option<String>, scan: &mut ShardScan| {
         match (image.take(), label.take()) {
-            (Some((name, offset, len)), Some(l)) => scan.samples.push((name, offset, len, l)),
+            (Some((name, offset, len)), Some(l)) if !l.is_empty() => scan.samples.push((name, offset, len, l)),
             _ => scan.incomplete += 1,
         }
     };
@@ -348,7 +349,7 @@ impl Shards {
 }
 
 /// The folder holding every shard ("" when they lie in different ones).
-fn common_parent(paths: &[PathBuf]) -> PathBuf {
+pub(crate) fn common_parent(paths: &[PathBuf]) -> PathBuf {
     let first = paths[0].parent().unwrap_or(Path::new(""));
     match paths.iter().all(|p| p.parent() == Some(first)) {
         true => first.to_path_buf(),

@@ -1,6 +1,6 @@
 //! Where a data set's images come from: the files of an ImageFolder or of a folder with a label
-//! file (`labels.rs`), the records of a pack (`pack.rs`), or the members of tar shards
-//! (`shards.rs`). Either way a sample is a name (its path: for messages and reports), a label,
+//! file (`labels.rs`), the records of a pack (`pack.rs`), the members of tar shards
+//! (`shards.rs`), or the rows of parquet files (`parquet.rs`). Either way a sample is a name (its path: for messages and reports), a label,
 //! and bytes to decode or pixels ready to use. `--data` and `--val` take any of them.
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use super::catalog::Catalog;
 use super::folder::ImageFolder;
 use super::labels::Columns;
 use super::pack::{Contents, Pack, Store};
+use super::parquet::Parquet;
 use super::shards::Shards;
 use super::transform::RgbView;
 
@@ -39,9 +40,10 @@ enum Origin {
     Files { root: PathBuf },
     /// A pack's records: the catalog's names are its files' names in the folder packed.
     Pack(Arc<Pack>),
-    /// Tar shards' members: the catalog's names are `SHARD/MEMBER` under `root`, the shards'
-    /// folder.
-    Shards { root: PathBuf, shards: Arc<Shards> },
+    /// Tar shards' members: the catalog's names are `SHARD/MEMBER` under the shards' folder.
+    Shards(Arc<Shards>),
+    /// Parquet files' rows: the catalog's names are `FILE/ROW` under the files' folder.
+    Parquet(Arc<Parquet>),
 }
 
 /// Loose image files (`predict`'s inputs): (path, label).
@@ -88,8 +90,10 @@ impl Samples {
     pub fn path(&self, i: usize) -> PathBuf {
         let name = self.catalog.name(self.picks[i] as usize);
         match &self.origin {
-            Origin::Files { root } | Origin::Shards { root, .. } => root.join(name),
+            Origin::Files { root } => root.join(name),
             Origin::Pack(pack) => pack.path.join(name),
+            Origin::Shards(shards) => shards.root.join(name),
+            Origin::Parquet(files) => files.root.join(name),
         }
     }
 
@@ -111,18 +115,22 @@ impl Samples {
         }
     }
 
-    /// The tar shards the samples come from, if any.
-    pub fn shards(&self) -> Option<&Shards> {
+    /// The files of a sharded source (tar shards, parquet files) and the folder holding them.
+    pub fn shard_files(&self) -> Option<(&[PathBuf], &Path)> {
         match &self.origin {
-            Origin::Shards { shards, .. } => Some(shards),
+            Origin::Shards(s) => Some((&s.paths, &s.root)),
+            Origin::Parquet(p) => Some((&p.paths, &p.root)),
             _ => None,
         }
     }
 
-    /// Sample `i`'s shard, for a sharded source (read shard by shard: `shards::stream_order`).
+    /// Sample `i`'s shard (a tar shard, a parquet row group), for a sharded source: read shard
+    /// by shard (`shards::stream_order`).
     pub fn shard_of(&self, i: usize) -> Option<usize> {
+        let i = self.picks[i] as usize;
         match &self.origin {
-            Origin::Shards { shards, .. } => Some(shards.shard_of(self.picks[i] as usize)),
+            Origin::Shards(s) => Some(s.shard_of(i)),
+            Origin::Parquet(p) => Some(p.group_of(i)),
             _ => None,
         }
     }
@@ -144,7 +152,8 @@ impl Samples {
                 Contents::Raw(v) => Stored::Raw(v),
                 Contents::Encoded(b) => Stored::Encoded(Cow::Borrowed(b)),
             }),
-            Origin::Shards { shards, .. } => Ok(Stored::Encoded(Cow::Owned(shards.read(self.picks[i] as usize)?))),
+            Origin::Shards(shards) => Ok(Stored::Encoded(Cow::Owned(shards.read(self.picks[i] as usize)?))),
+            Origin::Parquet(files) => Ok(Stored::Encoded(Cow::Owned(files.read(self.picks[i] as usize)?))),
         }
     }
 
@@ -169,7 +178,8 @@ impl Samples {
                 let f = &pack.index.files[pack.index.records[self.picks[i] as usize].file];
                 Ok((f.size, f.mtime_ns))
             }
-            Origin::Shards { shards, .. } => Ok(shards.size_and_mtime(self.picks[i] as usize)),
+            Origin::Shards(shards) => Ok(shards.size_and_mtime(self.picks[i] as usize)),
+            Origin::Parquet(files) => Ok(files.size_and_mtime(self.picks[i] as usize)),
         }
     }
 
@@ -211,10 +221,17 @@ impl<P: AsRef<Path>> From<P> for DataSpec {
 pub enum SourceKind {
     Folder,
     Pack,
-    /// A folder with this label file.
-    Labelled(PathBuf),
+    /// A folder with this label file; `images` image files are in the folder, labelled or not.
+    Labelled { file: PathBuf, images: usize },
     /// This many tar shards.
     Shards(usize),
+    /// This many parquet files.
+    Parquet(usize),
+}
+
+/// Whether `path` names a sharded source: parquet files or tar shards.
+pub fn is_sharded(path: &Path) -> bool {
+    super::parquet::is_parquet(path) || super::shards::is_shards(path)
 }
 
 /// A labelled data set: an ImageFolder directory, a pack, a folder with a label file, or tar
@@ -235,9 +252,9 @@ impl Dataset {
         let spec = spec.into();
         let path = &spec.path;
         if let Some(csv) = &spec.labels {
-            if super::shards::is_shards(path) {
+            if is_sharded(path) {
                 crate::bail_user!(
-                    "{what} {} is tar shards, which carry their own labels; a label file labels a folder's images",
+                    "{what} {} is tar shards or parquet files, which carry their own labels; a label file labels a folder's images",
                     path.display()
                 );
             }
@@ -247,26 +264,20 @@ impl Dataset {
                 root: path.clone(),
                 classes: set.classes,
                 samples: Samples::of_files(path.clone(), set.catalog),
-                kind: SourceKind::Labelled(csv.clone()),
-            });
-        }
-        if super::shards::is_shards(path) {
-            let (classes, catalog, shards) = Shards::open(path, &spec.columns, spec.strict, what)?;
-            return Ok(Dataset {
-                root: path.clone(),
-                classes,
-                kind: SourceKind::Shards(shards.paths.len()),
-                samples: Samples {
-                    picks: (0..catalog.len() as u32).collect(),
-                    catalog: Arc::new(catalog),
-                    origin: Origin::Shards {
-                        root: shards.root.clone(),
-                        shards: Arc::new(shards),
-                    },
+                kind: SourceKind::Labelled {
+                    file: csv.clone(),
+                    images: set.images,
                 },
             });
         }
-        if path.is_file() {
+        // Parquet before shards: a brace pattern of parquet files is not tar shards.
+        let (classes, catalog, kind, origin) = if super::parquet::is_parquet(path) {
+            let (classes, catalog, files) = Parquet::open(path, &spec.columns, spec.strict, what)?;
+            (classes, catalog, SourceKind::Parquet(files.paths.len()), Origin::Parquet(Arc::new(files)))
+        } else if super::shards::is_shards(path) {
+            let (classes, catalog, shards) = Shards::open(path, &spec.columns, spec.strict, what)?;
+            (classes, catalog, SourceKind::Shards(shards.paths.len()), Origin::Shards(Arc::new(shards)))
+        } else if path.is_file() {
             let pack = Pack::open(path, what)?;
             pack.check_fresh(what)?;
             return Ok(Dataset {
@@ -275,8 +286,19 @@ impl Dataset {
                 samples: Samples::of_pack(Arc::new(pack)),
                 kind: SourceKind::Pack,
             });
-        }
-        Ok(Dataset::of_folder(ImageFolder::scan(path, what)?))
+        } else {
+            return Ok(Dataset::of_folder(ImageFolder::scan(path, what)?));
+        };
+        Ok(Dataset {
+            root: path.clone(),
+            classes,
+            kind,
+            samples: Samples {
+                picks: (0..catalog.len() as u32).collect(),
+                catalog: Arc::new(catalog),
+                origin,
+            },
+        })
     }
 
     /// The images of a scanned folder.

@@ -84,9 +84,9 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
     Ok(out)
 }
 
-/// A pack or tar shards: read as a data set, not as image files.
+/// A pack, tar shards or parquet files: read as a data set, not as image files.
 fn is_set(path: &Path) -> bool {
-    (path.is_file() && crate::data::pack::is_pack(path)) || crate::data::shards::is_shards(path)
+    (path.is_file() && crate::data::pack::is_pack(path)) || crate::data::source::is_sharded(path)
 }
 
 /// A pack's or tar shards' images as inputs, labelled by class name where the checkpoint has

@@ -106,6 +106,31 @@ impl ClassificationReport {
         s
     }
 
+    /// The `n` largest off-diagonal cells of the confusion matrix (`most_confused`).
+    pub fn most_confused(&self, n: usize) -> Vec<(usize, usize, usize)> {
+        most_confused(&self.confusion, n)
+    }
+
+    /// The report for a terminal: whole up to `max_rows` classes; beyond, the `max_rows` classes
+    /// of lowest F1 (ties by index), the averages, and where the whole report is.
+    pub fn summary_text(&self, max_rows: usize, whole_in: &str) -> String {
+        if self.rows.len() <= max_rows {
+            return self.to_text();
+        }
+        let mut worst: Vec<usize> = (0..self.rows.len()).collect();
+        worst.sort_by(|&a, &b| self.rows[a].f1.total_cmp(&self.rows[b].f1).then(a.cmp(&b)));
+        worst.truncate(max_rows);
+        let lowest = ClassificationReport {
+            rows: worst.iter().map(|&i| self.rows[i].clone()).collect(),
+            ..self.clone()
+        };
+        format!(
+            "the {max_rows} of {} classes with the lowest F1 (the whole report: {whole_in}):\n{}",
+            self.rows.len(),
+            lowest.to_text()
+        )
+    }
+
     /// The text layout of sklearn's `classification_report(digits=4)`.
     pub fn to_text(&self) -> String {
         let width = self
@@ -138,6 +163,17 @@ impl ClassificationReport {
     }
 }
 
+/// The `n` largest off-diagonal cells of `confusion[true][pred]`, largest first (ties by true,
+/// then predicted class): (true class, predicted class, count).
+pub fn most_confused(confusion: &[Vec<usize>], n: usize) -> Vec<(usize, usize, usize)> {
+    let mut cells: Vec<(usize, usize, usize)> = (confusion.iter().enumerate())
+        .flat_map(|(t, row)| row.iter().enumerate().filter(move |&(p, &c)| p != t && c > 0).map(move |(p, &c)| (t, p, c)))
+        .collect();
+    cells.sort_by(|a, b| b.2.cmp(&a.2).then((a.0, a.1).cmp(&(b.0, b.1))));
+    cells.truncate(n);
+    cells
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +192,11 @@ mod tests {
         assert!((r.weighted_avg.recall - r.accuracy).abs() < 1e-12);
         assert_eq!(r.confusion[2][0], 1);
         assert!(r.to_text().contains("weighted avg"));
+        assert_eq!(r.most_confused(5), [(0, 1, 1), (2, 0, 1)]);
+        assert_eq!(r.summary_text(3, "x"), r.to_text());
+        let short = r.summary_text(1, "report.txt");
+        assert!(short.starts_with("the 1 of 3 classes with the lowest F1 (the whole report: report.txt)"), "{short}");
+        assert!(short.contains("\n           c ") && !short.contains("\n           a "), "{short}");
+        assert!(short.contains(&format!("{:.4}", r.macro_avg.f1)), "the averages of all classes: {short}");
     }
 }

@@ -1,5 +1,6 @@
 //! PNG pictures of a run: training curves (loss, accuracy, learning rate per epoch) and the
-//! confusion matrix as a heat-map with class names. Text is drawn with the DejaVu Sans font
+//! confusion matrix as a heat-map with class names (with many classes, a compact one beside the
+//! most confused pairs). Text is drawn with the DejaVu Sans font
 //! compiled into the binary, so no system fonts are needed.
 use std::path::Path;
 use std::sync::Once;
@@ -146,9 +147,16 @@ pub fn training_curves(path: &Path, rows: &[EpochRow]) -> Result<()> {
     })
 }
 
+/// Classes up to which every cell of the heat-map shows its count and every class its name.
+pub const NAMED_CLASSES: usize = 40;
+
 /// `confusion.png`: rows are true classes, columns predictions; colour is the share of the row
-/// (recall on the diagonal), each cell shows its count.
+/// (recall on the diagonal), each cell shows its count. Past `NAMED_CLASSES` classes, the
+/// compact form (`compact_heatmap`).
 pub fn confusion_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize>], title: &str) -> Result<()> {
+    if classes.len() > NAMED_CLASSES {
+        return compact_heatmap(path, classes, confusion, title);
+    }
     let k = classes.len().max(1);
     let cell = (640 / k).clamp(28, 80) as i32;
     let label_w = (classes.iter().map(|c| c.len()).max().unwrap_or(4) as i32 * 7 + 16).max(80);
@@ -167,12 +175,7 @@ pub fn confusion_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize
             for (p, &count) in row.iter().enumerate() {
                 let share = count as f64 / total as f64;
                 let (x, y) = (left + p as i32 * cell, top + t as i32 * cell);
-                // White → dark blue by share of the row.
-                let c = RGBColor(
-                    (255.0 * (1.0 - 0.85 * share)) as u8,
-                    (255.0 * (1.0 - 0.7 * share)) as u8,
-                    (255.0 * (1.0 - 0.35 * share)) as u8,
-                );
+                let c = blue(share);
                 root.draw(&Rectangle::new([(x, y), (x + cell, y + cell)], c.filled()))
                     .map_err(err)?;
                 root.draw(&Rectangle::new([(x, y), (x + cell, y + cell)], RGBColor(200, 200, 200)))
@@ -216,6 +219,85 @@ pub fn confusion_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize
     })
 }
 
+/// White → dark blue as `share` goes from 0 to 1.
+fn blue(share: f64) -> RGBColor {
+    RGBColor(
+        (255.0 * (1.0 - 0.85 * share)) as u8,
+        (255.0 * (1.0 - 0.7 * share)) as u8,
+        (255.0 * (1.0 - 0.35 * share)) as u8,
+    )
+}
+
+/// Pairs listed beside a compact heat-map.
+const LISTED_PAIRS: usize = 30;
+
+/// The confusion matrix of many classes (ImageNet's 1,000): no name or count fits a cell, so
+/// each cell is 1 to a few pixels (the matrix at most 1,200 px a side), its colour the square
+/// root of its share of the row (a scattered 1 % error stays visible; recall on the diagonal),
+/// the axes ticked by class index; beside it, by name, the most confused pairs with their
+/// counts. The picture shows where errors cluster (similar classes sit together in most class
+/// lists), the list which ones matter; confusion.csv holds every cell.
+fn compact_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize>], title: &str) -> Result<()> {
+    let k = classes.len();
+    let cell = (1200 / k).max(1) as i32;
+    let side = cell * k as i32;
+    let (left, top, list_w) = (70, 60, 560);
+    let pairs = crate::report::classification::most_confused(confusion, LISTED_PAIRS);
+    let (w, h) = ((left + side + 40 + list_w) as u32, (top + side.max(20 * LISTED_PAIRS as i32 + 40) + 50) as u32);
+    render_png(path, w, h, |root| {
+        let text = |size: i32| TextStyle::from((FONT, size).into_font()).color(&BLACK);
+        root.draw(&Text::new(format!("{title} ({k} classes)"), (left, 20), text(20)))
+            .map_err(err)?;
+        for (t, row) in confusion.iter().enumerate() {
+            let total = row.iter().sum::<usize>().max(1) as f64;
+            for (p, &count) in row.iter().enumerate().filter(|c| *c.1 > 0) {
+                let (x, y) = (left + p as i32 * cell, top + t as i32 * cell);
+                let c = blue((count as f64 / total).sqrt());
+                for (dx, dy) in (0..cell).flat_map(|dx| (0..cell).map(move |dy| (dx, dy))) {
+                    root.draw_pixel((x + dx, y + dy), &c).map_err(err)?;
+                }
+            }
+        }
+        root.draw(&Rectangle::new([(left - 1, top - 1), (left + side, top + side)], BLACK))
+            .map_err(err)?;
+        // Ticks at a round step giving about ten of them.
+        let step = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000]
+            .into_iter()
+            .find(|s| k / s <= 10)
+            .unwrap_or(k.div_ceil(10));
+        let small = text(12);
+        for i in (0..k).step_by(step) {
+            let at = i as i32 * cell + cell / 2;
+            root.draw(&Text::new(i.to_string(), (left - 6, top + at), small.pos(Pos::new(HPos::Right, VPos::Center))))
+                .map_err(err)?;
+            root.draw(&Text::new(i.to_string(), (left + at, top + side + 6), small.pos(Pos::new(HPos::Center, VPos::Top))))
+                .map_err(err)?;
+        }
+        let y_axis = text(15).transform(FontTransform::Rotate270).pos(Pos::new(HPos::Center, VPos::Center));
+        root.draw(&Text::new("true class (index)", (14, top + side / 2), y_axis))
+            .map_err(err)?;
+        root.draw(&Text::new(
+            "predicted class (index)",
+            (left + side / 2, top + side + 30),
+            text(15).pos(Pos::new(HPos::Center, VPos::Top)),
+        ))
+        .map_err(err)?;
+        let x = left + side + 40;
+        root.draw(&Text::new("most confused: true → predicted (count)", (x, top), text(15)))
+            .map_err(err)?;
+        let short = |s: &str| match s.chars().count() > 24 {
+            true => s.chars().take(23).collect::<String>() + "…",
+            false => s.to_string(),
+        };
+        for (j, (t, p, c)) in pairs.iter().enumerate() {
+            let line = format!("{} → {} ({c})", short(&classes[*t]), short(&classes[*p]));
+            root.draw(&Text::new(line, (x, top + 28 + 20 * j as i32), text(13)))
+                .map_err(err)?;
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,7 +333,23 @@ mod tests {
             "test",
         )
         .unwrap();
-        for f in ["curves.png", "confusion.png"] {
+        // 1,000 classes: the compact map, one pixel a cell; the diagonal dark, an empty cell white,
+        // a scattered 1 % error visible.
+        let k = 1000;
+        let names: Vec<String> = (0..k).map(|i| format!("class {i}")).collect();
+        let mut m = vec![vec![0usize; k]; k];
+        for (i, row) in m.iter_mut().enumerate() {
+            row[i] = 99;
+            row[(i + 1) % k] = 1;
+        }
+        confusion_heatmap(&d.path().join("many.png"), &names, &m, "many").unwrap();
+        let img = image::open(d.path().join("many.png")).unwrap().into_rgb8();
+        assert_eq!(img.dimensions(), (70 + 1000 + 40 + 560, 60 + 1000 + 50));
+        let at = |x: u32, y: u32| img.get_pixel(70 + x, 60 + y).0;
+        assert!(at(500, 500)[0] < 60, "the diagonal: {:?}", at(500, 500));
+        assert_eq!(at(500, 300), [255, 255, 255]);
+        assert!(at(501, 500)[0] < 240, "a 1 % error shows: {:?}", at(501, 500));
+        for f in ["curves.png", "confusion.png", "many.png"] {
             let img = image::open(d.path().join(f)).unwrap().into_rgb8();
             let dark = img.pixels().filter(|p| p.0.iter().all(|&c| c < 80)).count();
             assert!(dark > 500, "{f} has almost no text or lines ({dark} dark pixels)");

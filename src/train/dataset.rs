@@ -79,14 +79,18 @@ impl TrainData {
                 }
             }
         };
+        if ctx.is_main() {
+            warn_unlabelled(&train_set, &val_samples, cfg);
+        }
         if let (Some(r), true) = (recorded, ctx.is_main()) {
             super::data_record::check(r, &train_samples, &val_samples, split, cfg.strict)?;
         }
-        if let SourceKind::Shards(shards) = train_set.kind {
+        if train_samples.shard_files().is_some() {
             let held = crate::data::shards::shard_count(train_samples.len(), |i| train_samples.shard_of(i).unwrap_or(0));
+            let unit = if matches!(train_set.kind, SourceKind::Parquet(_)) { "row group(s)" } else { "shard(s)" };
             if held < ctx.world() {
                 return Err(user_error(format!(
-                    "--data {}: {shards} shard(s) for {} ranks; training splits the shards across the ranks, so every rank needs one: write the set in at least {} shards",
+                    "--data {}: {held} {unit} for {} ranks; training splits them across the ranks, so every rank needs one: write the set in at least {} of them",
                     data_dir.display(),
                     ctx.world(),
                     ctx.world()
@@ -154,9 +158,9 @@ impl TrainData {
                 ..base.clone()
             },
         )?;
-        if let SourceKind::Shards(_) = train_set.kind {
+        if train.samples().shard_files().is_some() {
             source += &format!(
-                ", read as WebDataset reads them (shards in an order drawn per epoch, each rank its own, through a {}-sample shuffle buffer; {} samples per rank per epoch)",
+                ", read as WebDataset reads shards (shards in an order drawn per epoch, each rank its own, through a {}-sample shuffle buffer; {} samples per rank per epoch)",
                 cfg.shuffle_buffer,
                 train.shard_len()
             );
@@ -300,13 +304,32 @@ fn check_something_decodes(samples: &Samples, root: &Path) -> Result<()> {
     )))
 }
 
+/// The images of a label file's folder that neither label file names are left out: said in one
+/// line (with `--val-labels` over the same folder, what neither file labels).
+fn warn_unlabelled(train: &Dataset, val: &Samples, cfg: &TrainConfig) {
+    let SourceKind::Labelled { file, images } = &train.kind else { return };
+    let shared_folder = cfg.val_labels.is_some() && cfg.val.is_none();
+    let labelled = train.len() + if shared_folder { val.len() } else { 0 };
+    if *images > labelled {
+        let by = match shared_folder {
+            true => format!("neither {} nor {}", file.display(), cfg.val_labels.as_ref().expect("shared").display()),
+            false => file.display().to_string(),
+        };
+        warn(&format!(
+            "{} of the {images} images under {} have no row in {by}: they are left out",
+            images - labelled,
+            train.root.display()
+        ));
+    }
+}
+
 /// Whether two sets are the same images: the same folder or pack, or a pack and its folder, or
 /// the same shards; a folder with a label file is the same only with the same file.
 fn same_images(a: &Dataset, b: &Dataset) -> bool {
     let place = |d: &Dataset| {
         let root = d.samples.pack().map_or(d.root.clone(), |p| p.index.root.clone());
         let labels = match &d.kind {
-            SourceKind::Labelled(csv) => Some(std::fs::canonicalize(csv).unwrap_or(csv.clone())),
+            SourceKind::Labelled { file, .. } => Some(std::fs::canonicalize(file).unwrap_or(file.clone())),
             _ => None,
         };
         (std::fs::canonicalize(&root).unwrap_or(root), labels)
@@ -326,8 +349,13 @@ fn describe_source(set: &Dataset) -> String {
             set.root.display(),
             p.data_bytes() as f64 / 1e6
         ),
-        (SourceKind::Labelled(csv), _) => format!("images from the folder {} labelled by {}", set.root.display(), csv.display()),
+        (SourceKind::Labelled { file, .. }, _) => format!("images from the folder {} labelled by {}", set.root.display(), file.display()),
         (SourceKind::Shards(n), _) => format!("images from {n} tar shard(s) {}", set.root.display()),
+        (SourceKind::Parquet(n), _) => format!(
+            "images from {n} parquet file(s) {} ({} row groups: its shards)",
+            set.root.display(),
+            crate::data::shards::shard_count(set.len(), |i| set.samples.shard_of(i).unwrap_or(0))
+        ),
         _ => format!("images from the folder {}", set.root.display()),
     }
 }

@@ -128,7 +128,10 @@ impl RunDir {
             let reports = self.path.join("reports");
             std::fs::create_dir_all(&reports)?;
             atomic::write_file(&reports.join(format!("epoch-{epoch:04}.txt")), text.as_bytes())?;
-            say!("classification report, epoch {epoch}:\n{text}");
+            say!(
+                "classification report, epoch {epoch}:\n{}",
+                val.report.summary_text(40, &format!("reports/epoch-{epoch:04}.txt"))
+            );
         }
         metrics_csv::write(&self.path.join("metrics.csv"), &state.history)
     }

@@ -85,6 +85,41 @@ pub fn eval_batches(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<(
         .collect()
 }
 
+/// The samples of two training epochs over `spec` in the order a shuffled training loader gives
+/// them (seed 5, RandomResizedCrop 40 + flip): (pixels, label) each. A source listing the same
+/// images in the same order gives the same sequence; a sharded one, the same multiset per epoch.
+pub fn train_samples(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<Vec<(Vec<u8>, i64)>> {
+    use ringtrain::data::loader::{Loader, LoaderOptions};
+    let set = ringtrain::data::source::Dataset::open(spec, "--data").unwrap();
+    let t = ringtrain::data::transform::Transform::Train {
+        size: 40,
+        scale: (0.08, 1.0),
+        ratio: (0.75, 4.0 / 3.0),
+        hflip: true,
+        erase: None,
+        pad: None,
+    };
+    let o = LoaderOptions {
+        shuffle: true,
+        seed: 5,
+        ..LoaderOptions::in_order(4, 2)
+    };
+    let l = Loader::new(set.samples, t, o).unwrap();
+    (0..2)
+        .map(|e| {
+            l.epoch(e)
+                .flat_map(|b| {
+                    let b = b.unwrap();
+                    let px = Vec::<u8>::try_from(b.images.flatten(0, -1)).unwrap();
+                    let labels = Vec::<i64>::try_from(&b.labels).unwrap();
+                    let per = px.len() / labels.len();
+                    px.chunks(per).map(<[u8]>::to_vec).zip(labels).collect::<Vec<_>>()
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Runs ringtrain with `args` and expects a user error: exit code 2, one line starting
 /// "error: " that mentions `needle`, no panic.
 pub fn expect_user_error<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S], needle: &str) {

@@ -1,0 +1,418 @@
+//! Hugging Face datasets as parquet files (`--data 'data/train-*.parquet'`): how most public
+//! image-classification sets are published. The image column (`image`, `--image-column`) is the
+//! `datasets` Image feature, a struct of `bytes` and `path` (or plain bytes); the label column
+//! (`label`, `--label-column`) a class number, its names read from the `huggingface` metadata
+//! the library writes into the file (a `ClassLabel`'s `names`, in their own order), or text.
+//!
+//! Images live in row groups, compressed together, so one cannot be read alone: a row group is
+//! decoded whole when one of its images is wanted and kept while its neighbours are read (a
+//! small cache with a memory budget). Training reads row groups as tar shards are read
+//! (`shards::stream_order`: each rank its own, front to back through the shuffle buffer), so
+//! each is decoded about once an epoch; validation reads them in order.
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{Context, Result};
+use parquet::basic::Type as Physical;
+use parquet::column::reader::ColumnReader;
+use parquet::data_type::ByteArray;
+use parquet::file::reader::FileReader;
+use parquet::file::serialized_reader::SerializedFileReader;
+use rayon::prelude::*;
+
+use super::catalog::Catalog;
+use super::labels::Columns;
+use crate::bail_user;
+use crate::report::progress::warn;
+
+/// Decoded row groups kept at most (bytes of their images), and at least this many groups.
+const CACHE_BYTES: usize = 1 << 30;
+const CACHE_MIN_GROUPS: usize = 4;
+
+/// The parquet files of a set and where each sample lies in them.
+pub struct Parquet {
+    pub paths: Vec<PathBuf>,
+    /// The folder that holds them all ("" if none does): sample names are under it.
+    pub root: PathBuf,
+    mtimes: Vec<i64>,
+    /// Each file's leaf column of image bytes.
+    image_leaf: Vec<usize>,
+    /// Every row group: (file, its index in the file).
+    groups: Vec<(u32, u32)>,
+    /// Per sample, in catalog order: (its row group in `groups`, its row in it).
+    rows: Vec<(u32, u32)>,
+    cache: GroupCache,
+}
+
+/// Whether `--data` names parquet files: a `.parquet` file or pattern (`*` and braces), or a
+/// directory holding `.parquet` files and no sub-folders.
+pub fn is_parquet(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    if s.ends_with(".parquet") {
+        return true;
+    }
+    path.is_dir() && parquet_in_dir(path).is_ok_and(|v| !v.is_empty())
+}
+
+fn parquet_in_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            return Ok(Vec::new());
+        }
+        if e.file_name().to_string_lossy().ends_with(".parquet") {
+            files.push(e.path());
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The files `spec` names: a directory's `.parquet` files (refused when they are several
+/// splits: `train-…` and `test-…`), or a pattern's (braces, then `*`/`?` in file names), sorted.
+fn files_of(spec: &Path, what: &str) -> Result<Vec<PathBuf>> {
+    if spec.is_dir() {
+        let files = parquet_in_dir(spec).with_context(|| format!("reading {what} directory {}", spec.display()))?;
+        let mut splits: Vec<String> = files.iter().filter_map(|f| split_of(f)).collect();
+        splits.sort();
+        splits.dedup();
+        if splits.len() > 1 {
+            bail_user!(
+                "{what} {} holds the parquet files of several splits ({}): name one, e.g. '{}'",
+                spec.display(),
+                splits.join(", "),
+                spec.join(format!("{}-*.parquet", splits[0])).display()
+            );
+        }
+        return Ok(files);
+    }
+    let Some(pattern) = spec.to_str() else {
+        bail_user!("{what} {} is not UTF-8", spec.display());
+    };
+    let mut files = Vec::new();
+    for p in super::shards::expand(pattern, what)? {
+        let p = p.to_string_lossy().into_owned();
+        if !p.contains(['*', '?', '[']) {
+            files.push(PathBuf::from(p));
+            continue;
+        }
+        let matches = match glob::glob(&p) {
+            Ok(m) => m,
+            Err(e) => bail_user!("{what} '{pattern}': {e}"),
+        };
+        let before = files.len();
+        for m in matches {
+            files.push(m.with_context(|| format!("listing {p}"))?);
+        }
+        if files.len() == before {
+            bail_user!("{what} '{p}' matches no file");
+        }
+    }
+    Ok(files)
+}
+
+/// `train` for `train-00000-of-00004.parquet`: the split the hub's file names start with.
+fn split_of(file: &Path) -> Option<String> {
+    let name = file.file_name()?.to_str()?;
+    let (split, rest) = name.split_once('-')?;
+    rest.contains("-of-").then(|| split.to_owned())
+}
+
+/// A label as stored: a class number, or a name.
+#[derive(Clone)]
+enum Label {
+    Number(i64),
+    Name(String),
+}
+
+/// What one file holds.
+struct FileScan {
+    image_leaf: usize,
+    /// Rows per row group.
+    group_rows: Vec<usize>,
+    /// Per row of the file: its label, `None` where null.
+    labels: Vec<Option<Label>>,
+    /// The label column's class names from the file's `huggingface` metadata.
+    names: Option<Vec<String>>,
+}
+
+fn open_reader(path: &Path) -> Result<SerializedFileReader<File>> {
+    let file = File::open(path).map_err(|e| crate::error::user_error(format!("cannot open {}: {e}", path.display())))?;
+    SerializedFileReader::new(file)
+        .map_err(|e| crate::error::user_error(format!("{} is not a readable parquet file: {e}", path.display())))
+}
+
+fn scan_file(path: &Path, columns: &Columns) -> Result<FileScan> {
+    let reader = open_reader(path)?;
+    let meta = reader.metadata();
+    let schema = meta.file_metadata().schema_descr();
+    let (image, label) = (
+        columns.image.as_deref().unwrap_or("image"),
+        columns.label.as_deref().unwrap_or("label"),
+    );
+    let leaf = |parts: &[&str]| schema.columns().iter().position(|c| c.path().parts() == parts);
+    let top: Vec<&str> = schema.root_schema().get_fields().iter().map(|f| f.name()).collect();
+    let Some(image_leaf) = leaf(&[image, "bytes"]).or_else(|| leaf(&[image])) else {
+        bail_user!(
+            "{} has no image column '{image}' (--image-column); its columns: {}",
+            path.display(),
+            top.join(", ")
+        );
+    };
+    if schema.column(image_leaf).physical_type() != Physical::BYTE_ARRAY {
+        bail_user!("{}: column '{image}' holds no image bytes", path.display());
+    }
+    let Some(label_leaf) = leaf(&[label]) else {
+        bail_user!(
+            "{} has no label column '{label}' (--label-column); its columns: {}",
+            path.display(),
+            top.join(", ")
+        );
+    };
+    let names = meta
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == "huggingface"))
+        .and_then(|k| k.value.as_deref())
+        .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok())
+        .and_then(|v| {
+            let names = v.pointer(&format!("/info/features/{}/names", label.replace('~', "~0").replace('/', "~1")))?;
+            names.as_array()?.iter().map(|n| n.as_str().map(str::to_owned)).collect()
+        });
+    let (mut group_rows, mut labels) = (Vec::new(), Vec::new());
+    for g in 0..meta.num_row_groups() {
+        let group = reader.get_row_group(g).with_context(|| format!("reading {}", path.display()))?;
+        let rows = group.metadata().num_rows() as usize;
+        group_rows.push(rows);
+        let max_def = schema.column(label_leaf).max_def_level();
+        let mut defs = Vec::new();
+        let present = |defs: &[i16], i: usize| max_def == 0 || defs[i] == max_def;
+        let read = |e: parquet::errors::ParquetError| crate::error::user_error(format!("{}: {e}", path.display()));
+        match group.get_column_reader(label_leaf).map_err(read)? {
+            ColumnReader::Int64ColumnReader(mut r) => {
+                let mut v = Vec::new();
+                r.read_records(rows, Some(&mut defs), None, &mut v).map_err(read)?;
+                let mut v = v.into_iter();
+                labels.extend((0..rows).map(|i| present(&defs, i).then(|| Label::Number(v.next().unwrap_or(-1)))));
+            }
+            ColumnReader::Int32ColumnReader(mut r) => {
+                let mut v = Vec::new();
+                r.read_records(rows, Some(&mut defs), None, &mut v).map_err(read)?;
+                let mut v = v.into_iter();
+                labels.extend((0..rows).map(|i| present(&defs, i).then(|| Label::Number(v.next().unwrap_or(-1) as i64))));
+            }
+            ColumnReader::ByteArrayColumnReader(mut r) => {
+                let mut v: Vec<ByteArray> = Vec::new();
+                r.read_records(rows, Some(&mut defs), None, &mut v).map_err(read)?;
+                let mut v = v.into_iter();
+                labels.extend((0..rows).map(|i| {
+                    present(&defs, i)
+                        .then(|| v.next().map(|b| Label::Name(String::from_utf8_lossy(b.data()).trim().to_owned())))
+                        .flatten()
+                }));
+            }
+            _ => bail_user!("{}: column '{label}' holds neither class numbers nor names", path.display()),
+        }
+    }
+    Ok(FileScan {
+        image_leaf,
+        group_rows,
+        labels,
+        names,
+    })
+}
+
+impl Parquet {
+    /// Opens the parquet files `spec` names and lists their labelled rows; rows whose label is
+    /// null or negative (the hub's unlabelled test splits write -1) are left out with one warning
+    /// (an error when `strict`). `what` names the flag.
+    pub fn open(spec: &Path, columns: &Columns, strict: bool, what: &str) -> Result<(Vec<String>, Catalog, Parquet)> {
+        let paths = files_of(spec, what)?;
+        if paths.is_empty() {
+            bail_user!("{what} {}: no .parquet files there", spec.display());
+        }
+        let mut mtimes = Vec::with_capacity(paths.len());
+        for p in &paths {
+            match std::fs::metadata(p) {
+                Ok(m) => mtimes.push(super::pack::mtime_ns(&m)),
+                Err(e) => bail_user!("{what}: {}: {e}", p.display()),
+            }
+        }
+        let scans: Vec<FileScan> = paths.par_iter().map(|p| scan_file(p, columns)).collect::<Result<_>>()?;
+        // Class names from the metadata, in their order; else class numbers 0..=max when every
+        // label is a number; else the names sorted as ImageFolder sorts.
+        let names = scans.iter().find_map(|s| s.names.clone());
+        let labels = || scans.iter().flat_map(|s| s.labels.iter().flatten());
+        let numbered = names.is_none() && labels().all(|l| matches!(l, Label::Number(_)));
+        let classes: Vec<String> = match &names {
+            Some(n) => n.clone(),
+            None if numbered => {
+                let max = labels().filter_map(|l| if let Label::Number(n) = l { Some(*n) } else { None }).max();
+                (0..=max.unwrap_or(0).max(0)).map(|n| n.to_string()).collect()
+            }
+            None => {
+                let mut v: Vec<String> = labels()
+                    .filter_map(|l| match l {
+                        Label::Number(n) if *n < 0 => None,
+                        Label::Number(n) => Some(n.to_string()),
+                        Label::Name(s) => Some(s.clone()),
+                    })
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+        };
+        let index_of = |l: &Label| match l {
+            Label::Number(n) if names.is_some() || numbered => usize::try_from(*n).ok(),
+            Label::Number(n) => classes.binary_search(&n.to_string()).ok().filter(|_| *n >= 0),
+            Label::Name(s) if names.is_some() => classes.iter().position(|c| c == s),
+            Label::Name(s) => classes.binary_search(s).ok(),
+        };
+        let root = super::shards::common_parent(&paths);
+        let (mut catalog, mut groups, mut rows) = (Catalog::default(), Vec::new(), Vec::new());
+        let (mut unlabelled, mut out_of_range) = (0usize, None);
+        for (f, (p, s)) in paths.iter().zip(&scans).enumerate() {
+            let prefix = p.strip_prefix(&root).unwrap_or(p);
+            let mut row_in_file = 0;
+            for (g, &n) in s.group_rows.iter().enumerate() {
+                let group = groups.len() as u32;
+                groups.push((f as u32, g as u32));
+                for r in 0..n {
+                    let label = s.labels[row_in_file + r].as_ref();
+                    match label.map(|l| (l, index_of(l))) {
+                        Some((_, Some(c))) if c < classes.len() => {
+                            catalog.push(prefix.join(format!("{}", row_in_file + r)).as_os_str(), c);
+                            rows.push((group, r as u32));
+                        }
+                        Some((Label::Number(n), _)) if *n >= 0 => {
+                            out_of_range.get_or_insert((p.clone(), row_in_file + r, *n));
+                        }
+                        _ => unlabelled += 1,
+                    }
+                }
+                row_in_file += n;
+            }
+        }
+        if let Some((p, row, n)) = out_of_range {
+            bail_user!(
+                "{}: row {row} has label {n}, outside its {} classes",
+                p.display(),
+                classes.len()
+            );
+        }
+        if unlabelled > 0 {
+            let line = format!("{what}: {unlabelled} rows have no label (null or negative, as in an unlabelled test split)");
+            if strict || catalog.is_empty() {
+                bail_user!("{line}");
+            }
+            warn(&format!("{line}; they are left out"));
+        }
+        let set = Parquet {
+            image_leaf: scans.iter().map(|s| s.image_leaf).collect(),
+            paths,
+            root,
+            mtimes,
+            groups,
+            rows,
+            cache: GroupCache::default(),
+        };
+        Ok((classes, catalog, set))
+    }
+
+    /// Sample `i`'s row group (its "shard" for `shards::stream_order`).
+    pub fn group_of(&self, i: usize) -> usize {
+        self.rows[i].0 as usize
+    }
+
+    /// Sample `i`'s image bytes, from its row group (decoded whole, then kept a while).
+    pub fn read(&self, i: usize) -> Result<Vec<u8>> {
+        let (g, r) = self.rows[i];
+        let images = self.cache.get(g, || self.load_group(g))?;
+        match &images.rows[r as usize] {
+            Some(b) => Ok(b.data().to_vec()),
+            None => anyhow::bail!("row {r} of its row group has no image bytes"),
+        }
+    }
+
+    /// What stands for sample `i`'s size and time in a run's data record and a pack's list of
+    /// sources: its row in its row group (its bytes are not known before the group is decoded)
+    /// and its file's modification time.
+    pub fn size_and_mtime(&self, i: usize) -> (u64, i64) {
+        let (g, r) = self.rows[i];
+        (r as u64, self.mtimes[self.groups[g as usize].0 as usize])
+    }
+
+    fn load_group(&self, g: u32) -> Result<GroupImages> {
+        let (f, rg) = self.groups[g as usize];
+        let path = &self.paths[f as usize];
+        let reader = open_reader(path)?;
+        let group = reader.get_row_group(rg as usize).with_context(|| format!("reading {}", path.display()))?;
+        let rows = group.metadata().num_rows() as usize;
+        let leaf = self.image_leaf[f as usize];
+        let max_def = reader.metadata().file_metadata().schema_descr().column(leaf).max_def_level();
+        let ColumnReader::ByteArrayColumnReader(mut r) = group.get_column_reader(leaf)? else {
+            anyhow::bail!("{}: the image column holds no bytes", path.display());
+        };
+        let (mut defs, mut values) = (Vec::new(), Vec::<ByteArray>::new());
+        r.read_records(rows, Some(&mut defs), None, &mut values)
+            .with_context(|| format!("reading the images of {}", path.display()))?;
+        let mut values = values.into_iter();
+        let rows: Vec<Option<ByteArray>> = (0..rows)
+            .map(|i| (max_def == 0 || defs[i] == max_def).then(|| values.next()).flatten())
+            .collect();
+        let bytes = rows.iter().flatten().map(|b| b.len()).sum();
+        Ok(GroupImages { rows, bytes })
+    }
+}
+
+/// A row group's images.
+struct GroupImages {
+    rows: Vec<Option<ByteArray>>,
+    bytes: usize,
+}
+
+type Slot = Arc<OnceLock<std::result::Result<Arc<GroupImages>, String>>>;
+
+/// The row groups decoded lately, least recently used dropped first past `CACHE_BYTES`. A group
+/// wanted by several workers at once is decoded once (the others wait for it).
+#[derive(Default)]
+struct GroupCache {
+    slots: Mutex<(u64, Vec<(u32, u64, Slot)>)>,
+}
+
+impl GroupCache {
+    fn get(&self, g: u32, load: impl FnOnce() -> Result<GroupImages>) -> Result<Arc<GroupImages>> {
+        let slot = {
+            let mut guard = self.slots.lock().expect("the cache's lock");
+            let (tick, slots) = &mut *guard;
+            *tick += 1;
+            match slots.iter_mut().find(|s| s.0 == g) {
+                Some(s) => {
+                    s.1 = *tick;
+                    s.2.clone()
+                }
+                None => {
+                    let slot: Slot = Arc::default();
+                    slots.push((g, *tick, slot.clone()));
+                    evict(slots);
+                    slot
+                }
+            }
+        };
+        slot.get_or_init(|| load().map(Arc::new).map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(|e| anyhow::anyhow!(e))
+    }
+}
+
+/// Drops the least recently used decoded groups while they hold more than `CACHE_BYTES`.
+fn evict(slots: &mut Vec<(u32, u64, Slot)>) {
+    let held = |s: &(u32, u64, Slot)| s.2.get().and_then(|r| r.as_ref().ok()).map_or(0, |g| g.bytes);
+    while slots.len() > CACHE_MIN_GROUPS && slots.iter().map(held).sum::<usize>() > CACHE_BYTES {
+        let oldest = (0..slots.len()).min_by_key(|&i| slots[i].1).expect("slots");
+        slots.remove(oldest);
+    }
+}
