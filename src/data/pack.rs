@@ -14,7 +14,8 @@
 //! The source folder's files (name, size, modification time) and directories (name, modification
 //! time) are recorded, so a pack older than its folder is refused while the folder is there to
 //! compare with. A pack of a folder with a label file records the label file too; a pack of tar
-//! shards records the shards (its files are then their members, each with its shard's time).
+//! shards or parquet files records them (its files are then their samples, each with its
+//! shard's or file's time).
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -188,14 +189,20 @@ impl Pack {
     pub fn check_fresh(&self, what: &str) -> Result<()> {
         let root = &self.index.root;
         match &self.index.source {
-            Some(PackedFrom::Shards(shards)) => return self.check_fresh_files(shards, "its shards", what),
+            Some(PackedFrom::Shards(files)) => {
+                let which = match files.iter().any(|f| f.name.ends_with(".parquet")) {
+                    true => "its parquet files",
+                    false => "its shards",
+                };
+                return self.check_fresh_files(files, which, what);
+            }
             Some(PackedFrom::LabelFile(csv)) if root.is_dir() => {
                 self.check_fresh_files(std::slice::from_ref(csv), "its label file", what)?;
                 if stat_files(root, self.index.files.len(), |i| Path::new(&self.index.files[i].name)).is_ok_and(|now| now == self.index.files) {
                     return Ok(());
                 }
                 bail_user!(
-                    "{what} pack {} is older than its images in {} (one or more changed or went); pack it again (ringtrain pack)",
+                    "{what} pack {} is older than its images in {} (one was changed or removed since it was packed); pack it again (ringtrain pack)",
                     self.path.display(),
                     root.display()
                 );
@@ -349,9 +356,9 @@ pub struct PackOptions {
     pub workers: usize,
 }
 
-/// Packs the images `spec` names (an ImageFolder, a folder with a label file, or tar shards)
-/// into `out`, atomically: a temporary sibling is written, synced and renamed over `out`, so a
-/// reader sees the old pack or the new one, never a part.
+/// Packs the images `spec` names (an ImageFolder, a folder with a label file, tar shards or
+/// parquet files) into `out`, atomically: a temporary sibling is written, synced and renamed
+/// over `out`, so a reader sees the old pack or the new one, never a part.
 pub fn write(spec: impl Into<DataSpec>, out: &Path, o: &PackOptions) -> Result<PackSummary> {
     let spec = &spec.into();
     if o.store == Store::Encoded && o.max_side.is_some() {

@@ -1,7 +1,8 @@
 //! Where a data set's images come from: the files of an ImageFolder or of a folder with a label
 //! file (`labels.rs`), the records of a pack (`pack.rs`), the members of tar shards
-//! (`shards.rs`), or the rows of parquet files (`parquet.rs`). Either way a sample is a name (its path: for messages and reports), a label,
-//! and bytes to decode or pixels ready to use. `--data` and `--val` take any of them.
+//! (`shards.rs`), or the rows of parquet files (`parquet.rs`). Either way a sample is a name
+//! (its path: for messages and reports), a label, and bytes to decode or pixels ready to use.
+//! `--data` and `--val` take any of them.
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -197,7 +198,7 @@ impl Samples {
 /// it.
 #[derive(Debug, Clone, Default)]
 pub struct DataSpec {
-    /// A folder, a pack, or tar shards (a pattern, a `.tar` file or a folder of them).
+    /// A folder, a pack, tar shards or parquet files (a pattern, a file or a folder of them).
     pub path: PathBuf,
     /// A label file for the folder's images (`--labels`, `--val-labels`).
     pub labels: Option<PathBuf>,
@@ -206,7 +207,7 @@ pub struct DataSpec {
     pub strict: bool,
 }
 
-/// A folder, a pack or shards, read with the defaults.
+/// A folder, a pack, tar shards or parquet files, read with the defaults.
 impl<P: AsRef<Path>> From<P> for DataSpec {
     fn from(path: P) -> DataSpec {
         DataSpec {

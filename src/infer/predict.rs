@@ -27,7 +27,7 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
     for input in inputs {
         if is_set(input) {
             bail_user!(
-                "{} is a pack or tar shards: predict takes one alone, not with other inputs",
+                "{} is a pack, tar shards or parquet files: predict takes one alone, not with other inputs",
                 input.display()
             );
         }
@@ -89,8 +89,8 @@ fn is_set(path: &Path) -> bool {
     (path.is_file() && crate::data::pack::is_pack(path)) || crate::data::source::is_sharded(path)
 }
 
-/// A pack's or tar shards' images as inputs, labelled by class name where the checkpoint has
-/// the class.
+/// A pack's, tar shards' or parquet files' images as inputs, labelled by class name where the
+/// checkpoint has the class.
 fn set_inputs(path: &Path, classes: &[String]) -> Result<(Inputs, Samples)> {
     let set = Dataset::open(path, "input")?;
     let label = |c: usize| classes.iter().position(|k| *k == set.classes[c]);
