@@ -6,9 +6,11 @@ mod common;
 
 use std::path::Path;
 
-use common::{argv, eval_batches, expect_user_error, ringtrain, run_python_code, shared_data, train_samples};
-use ringtrain::data::source::{DataSpec, Dataset, Stored};
-use sha2::{Digest, Sha256};
+use common::{
+    argv, eval_batches, expect_user_error, ringtrain, run_python_code, sample_sha256, shared_data, sorted_epochs,
+    train_samples,
+};
+use ringtrain::data::source::{DataSpec, Dataset};
 
 /// `dir/data/train-0000{0,1}-of-00002.parquet` (the first 6 seedlings of 3 classes in
 /// ImageFolder order, row groups of 4) and `dir/data/test-00000-of-00001.parquet` (3 images,
@@ -61,9 +63,7 @@ fn parquet_reads_what_datasets_writes_and_batches_as_its_folder() {
     let set = Dataset::open(&train, "--data").unwrap();
     let mut got = set.classes.join(",") + "\n";
     for i in 0..set.len() {
-        let Stored::Encoded(bytes) = set.samples.read(i).unwrap() else { unreachable!() };
-        let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-        got += &format!("{} {sha}\n", set.samples.label(i));
+        got += &format!("{} {}\n", set.samples.label(i), sample_sha256(&set.samples, i));
     }
     assert_eq!(got, want);
     assert_eq!(set.len(), 18);
@@ -74,13 +74,7 @@ fn parquet_reads_what_datasets_writes_and_batches_as_its_folder() {
     let tree = eval_batches(d.path().join("tree"));
     assert_eq!(eval_batches(&train), tree);
     // Training reads row groups as shards: each epoch the folder's multiset of samples.
-    let sorted = |mut e: Vec<(Vec<u8>, i64)>| {
-        e.sort();
-        e
-    };
-    for (p, f) in train_samples(&train).into_iter().zip(train_samples(d.path().join("tree"))) {
-        assert_eq!(sorted(p), sorted(f));
-    }
+    assert_eq!(sorted_epochs(train_samples(&train)), sorted_epochs(train_samples(d.path().join("tree"))));
     for codec in ["snappy", "gzip", "zstd", "lz4"] {
         assert_eq!(eval_batches(d.path().join(codec)), tree, "{codec}");
     }

@@ -23,6 +23,7 @@ use rayon::prelude::*;
 
 use super::catalog::Catalog;
 use super::labels::Columns;
+use super::shards::{class_index, class_list, file_times, files_in_flat_dir};
 use crate::bail_user;
 use crate::report::progress::warn;
 
@@ -52,29 +53,14 @@ pub fn is_parquet(path: &Path) -> bool {
     if s.ends_with(".parquet") {
         return true;
     }
-    path.is_dir() && parquet_in_dir(path).is_ok_and(|v| !v.is_empty())
-}
-
-fn parquet_in_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        if e.file_type()?.is_dir() {
-            return Ok(Vec::new());
-        }
-        if e.file_name().to_string_lossy().ends_with(".parquet") {
-            files.push(e.path());
-        }
-    }
-    files.sort();
-    Ok(files)
+    path.is_dir() && files_in_flat_dir(path, ".parquet").is_ok_and(|v| !v.is_empty())
 }
 
 /// The files `spec` names: a directory's `.parquet` files (refused when they are several
 /// splits: `train-…` and `test-…`), or a pattern's (braces, then `*`/`?` in file names), sorted.
 fn files_of(spec: &Path, what: &str) -> Result<Vec<PathBuf>> {
     if spec.is_dir() {
-        let files = parquet_in_dir(spec).with_context(|| format!("reading {what} directory {}", spec.display()))?;
+        let files = files_in_flat_dir(spec, ".parquet").with_context(|| format!("reading {what} directory {}", spec.display()))?;
         let mut splits: Vec<String> = files.iter().filter_map(|f| split_of(f)).collect();
         splits.sort();
         splits.dedup();
@@ -233,43 +219,27 @@ impl Parquet {
         if paths.is_empty() {
             bail_user!("{what} {}: no .parquet files there", spec.display());
         }
-        let mut mtimes = Vec::with_capacity(paths.len());
-        for p in &paths {
-            match std::fs::metadata(p) {
-                Ok(m) => mtimes.push(super::pack::mtime_ns(&m)),
-                Err(e) => bail_user!("{what}: {}: {e}", p.display()),
-            }
-        }
+        let mtimes = file_times(&paths, what)?;
         let scans: Vec<FileScan> = paths.par_iter().map(|p| scan_file(p, columns)).collect::<Result<_>>()?;
-        // Class names from the metadata, in their order; else class numbers 0..=max when every
-        // label is a number; else the names sorted as ImageFolder sorts.
+        // Class names from the metadata, in their order; else the classes the labels' text
+        // makes, as tar shards' labels make them (`shards::class_list`).
         let names = scans.iter().find_map(|s| s.names.clone());
-        let labels = || scans.iter().flat_map(|s| s.labels.iter().flatten());
-        let numbered = names.is_none() && labels().all(|l| matches!(l, Label::Number(_)));
-        let classes: Vec<String> = match &names {
-            Some(n) => n.clone(),
-            None if numbered => {
-                let max = labels().filter_map(|l| if let Label::Number(n) = l { Some(*n) } else { None }).max();
-                (0..=max.unwrap_or(0).max(0)).map(|n| n.to_string()).collect()
-            }
+        let text = |l: &Label| match l {
+            Label::Number(n) if *n < 0 => None,
+            Label::Number(n) => Some(n.to_string()),
+            Label::Name(s) => Some(s.clone()),
+        };
+        let (classes, numbered) = match &names {
+            Some(n) => (n.clone(), false),
             None => {
-                let mut v: Vec<String> = labels()
-                    .filter_map(|l| match l {
-                        Label::Number(n) if *n < 0 => None,
-                        Label::Number(n) => Some(n.to_string()),
-                        Label::Name(s) => Some(s.clone()),
-                    })
-                    .collect();
-                v.sort_unstable();
-                v.dedup();
-                v
+                let texts: Vec<String> = scans.iter().flat_map(|s| s.labels.iter().flatten()).filter_map(text).collect();
+                class_list(texts.iter().map(String::as_str), what)?
             }
         };
-        let index_of = |l: &Label| match l {
-            Label::Number(n) if names.is_some() || numbered => usize::try_from(*n).ok(),
-            Label::Number(n) => classes.binary_search(&n.to_string()).ok().filter(|_| *n >= 0),
-            Label::Name(s) if names.is_some() => classes.iter().position(|c| c == s),
-            Label::Name(s) => classes.binary_search(s).ok(),
+        let index_of = |l: &Label| match (l, &names) {
+            (Label::Number(n), Some(_)) => usize::try_from(*n).ok(),
+            (Label::Name(s), Some(_)) => classes.iter().position(|c| c == s),
+            (l, None) => text(l).and_then(|t| class_index(&classes, numbered, &t)),
         };
         let root = super::shards::common_parent(&paths);
         let (mut catalog, mut groups, mut rows) = (Catalog::default(), Vec::new(), Vec::new());
@@ -320,6 +290,10 @@ impl Parquet {
             cache: GroupCache::default(),
         };
         Ok((classes, catalog, set))
+    }
+
+    pub fn row_groups(&self) -> usize {
+        self.groups.len()
     }
 
     /// Sample `i`'s row group (its "shard" for `shards::stream_order`).

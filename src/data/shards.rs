@@ -57,23 +57,36 @@ pub fn is_shards(path: &Path) -> bool {
     if (has(b"{") && has(b"}")) || has(b"::") || s.ends_with(b".tar") {
         return !path.exists() || path.is_file();
     }
-    path.is_dir() && shards_in_dir(path).is_ok_and(|v| !v.is_empty())
+    path.is_dir() && files_in_flat_dir(path, ".tar").is_ok_and(|v| !v.is_empty())
 }
 
-/// The `.tar` files of a directory that has no sub-folders (else it is an ImageFolder).
-fn shards_in_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut tars = Vec::new();
+/// The files of `dir` whose names end in `suffix`, sorted; none when `dir` has a sub-folder
+/// (it is then an ImageFolder).
+pub(crate) fn files_in_flat_dir(dir: &Path, suffix: &str) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         if e.file_type()?.is_dir() {
             return Ok(Vec::new());
         }
-        if e.file_name().as_bytes().ends_with(b".tar") {
-            tars.push(e.path());
+        if e.file_name().as_bytes().ends_with(suffix.as_bytes()) {
+            files.push(e.path());
         }
     }
-    tars.sort();
-    Ok(tars)
+    files.sort();
+    Ok(files)
+}
+
+/// Each file's modification time (ns since the epoch); a file not there is a user error.
+pub(crate) fn file_times(paths: &[PathBuf], what: &str) -> Result<Vec<i64>> {
+    paths
+        .iter()
+        .map(|p| match std::fs::metadata(p) {
+            Ok(m) if m.is_file() => Ok(super::pack::mtime_ns(&m)),
+            Ok(_) => bail_user!("{what}: {} is not a file", p.display()),
+            Err(e) => bail_user!("{what}: {}: {e}", p.display()),
+        })
+        .collect()
 }
 
 /// The shard paths a pattern names: `::` separates alternatives, as in WebDataset; each may hold
@@ -234,21 +247,14 @@ impl Shards {
     /// full) keeps the samples before the cut, with a warning (an error when `strict`).
     pub fn open(spec: &Path, columns: &Columns, strict: bool, what: &str) -> Result<(Vec<String>, Catalog, Shards)> {
         let paths = if spec.is_dir() {
-            shards_in_dir(spec).with_context(|| format!("reading {what} directory {}", spec.display()))?
+            files_in_flat_dir(spec, ".tar").with_context(|| format!("reading {what} directory {}", spec.display()))?
         } else {
             let Some(pattern) = spec.to_str() else {
                 bail_user!("{what} {} is not UTF-8", spec.display());
             };
             expand(pattern, what)?
         };
-        let mut mtimes = Vec::with_capacity(paths.len());
-        for p in &paths {
-            match std::fs::metadata(p) {
-                Ok(m) if m.is_file() => mtimes.push(super::pack::mtime_ns(&m)),
-                Ok(_) => bail_user!("{what}: shard {} is not a file", p.display()),
-                Err(e) => bail_user!("{what}: shard {}: {e}", p.display()),
-            }
-        }
+        let mtimes = file_times(&paths, what)?;
         let scans: Vec<ShardScan> = paths
             .par_iter()
             .map(|p| scan_shard(p, columns))
@@ -290,16 +296,12 @@ impl Shards {
                 columns.label.as_deref().unwrap_or("cls")
             );
         }
-        let classes = class_list(scans.iter().flat_map(|s| s.samples.iter().map(|x| x.3.as_str())), what)?;
-        let numeric = classes.iter().enumerate().all(|(i, c)| *c == i.to_string());
+        let (classes, numbered) = class_list(scans.iter().flat_map(|s| s.samples.iter().map(|x| x.3.as_str())), what)?;
         let (mut catalog, mut members) = (Catalog::default(), Vec::with_capacity(total));
         for (shard, (p, s)) in paths.iter().zip(&scans).enumerate() {
             let prefix = p.strip_prefix(&root).unwrap_or(p);
             for (name, offset, len, label) in &s.samples {
-                let label = match numeric {
-                    true => label.parse::<usize>().expect("checked by class_list"),
-                    false => classes.binary_search(label).expect("a label of a sample"),
-                };
+                let label = class_index(&classes, numbered, label).expect("a label class_list saw");
                 let name = prefix.join(std::ffi::OsStr::from_bytes(name));
                 catalog.push(name.as_os_str(), label);
                 if *len > u32::MAX as u64 {
@@ -357,9 +359,10 @@ pub(crate) fn common_parent(paths: &[PathBuf]) -> PathBuf {
     }
 }
 
-/// The classes the labels name: the numbers 0..=max when every label is a number (WebDataset's
-/// `.cls`: a class index), else the distinct names sorted as ImageFolder sorts them.
-fn class_list<'a>(labels: impl Iterator<Item = &'a str> + Clone, what: &str) -> Result<Vec<String>> {
+/// The classes the labels name, and whether they are numbered: the numbers 0..=max when every
+/// label is a number (WebDataset's `.cls`, a class index), else the distinct names sorted as
+/// ImageFolder sorts them. `class_index` finds a label's class.
+pub(crate) fn class_list<'a>(labels: impl Iterator<Item = &'a str> + Clone, what: &str) -> Result<(Vec<String>, bool)> {
     let mut max = None;
     for l in labels.clone() {
         match l.parse::<u64>() {
@@ -372,12 +375,20 @@ fn class_list<'a>(labels: impl Iterator<Item = &'a str> + Clone, what: &str) -> 
         }
     }
     if let Some(max) = max {
-        return Ok((0..=max).map(|n| n.to_string()).collect());
+        return Ok(((0..=max).map(|n| n.to_string()).collect(), true));
     }
     let mut names: Vec<String> = labels.filter(|l| !l.is_empty()).map(str::to_owned).collect();
     names.sort_unstable();
     names.dedup();
-    Ok(names)
+    Ok((names, false))
+}
+
+/// The class of `label` among `classes` as `class_list` made them.
+pub(crate) fn class_index(classes: &[String], numbered: bool, label: &str) -> Option<usize> {
+    match numbered {
+        true => label.parse().ok().filter(|&n| n < classes.len()),
+        false => classes.binary_search_by(|c| c.as_str().cmp(label)).ok(),
+    }
 }
 
 /// One rank's samples for a training epoch, in WebDataset's order: the shards in an order drawn
@@ -402,7 +413,8 @@ pub fn stream_order(
         }
         per_shard[s].push(i);
     }
-    let mut order: Vec<usize> = (0..per_shard.len()).collect();
+    // Shards whose every sample went to validation take no turn: each rank's shards hold samples.
+    let mut order: Vec<usize> = (0..per_shard.len()).filter(|&s| !per_shard[s].is_empty()).collect();
     order.shuffle(&mut seeds::shard_order(seed, epoch));
     let mut rng = seeds::shuffle_buffer(seed, epoch, rank as u64);
     let (mut buf, mut out) = (Vec::with_capacity(buffer + 1), Vec::with_capacity(len));
@@ -428,9 +440,17 @@ pub fn stream_order(
     out
 }
 
-/// The number of shards the samples of `n` come from (the highest shard index + 1).
+/// The number of shards the samples `0..n` come from (those holding at least one of them).
 pub fn shard_count(n: usize, shard_of: impl Fn(usize) -> usize) -> usize {
-    (0..n).map(|i| shard_of(i) + 1).max().unwrap_or(0)
+    let mut held = Vec::new();
+    for i in 0..n {
+        let s = shard_of(i);
+        if s >= held.len() {
+            held.resize(s + 1, false);
+        }
+        held[s] = true;
+    }
+    held.into_iter().filter(|&h| h).count()
 }
 
 #[cfg(test)]
@@ -480,6 +500,14 @@ mod tests {
         // The same draw again; another epoch draws another shard order or buffer.
         assert_eq!(a, stream_order(n, |i| shard_of[i], 7, 3, (0, 2), 4, len));
         assert_ne!(a, stream_order(n, |i| shard_of[i], 7, 4, (0, 2), 4, len));
+        // Shards emptied by a validation split take no turn: samples of shards 0 and 2 only, over
+        // 2 ranks, give each rank one shard.
+        let held = [0, 0, 2, 2, 2];
+        assert_eq!(shard_count(held.len(), |i| held[i]), 2);
+        for rank in 0..2 {
+            let o = stream_order(held.len(), |i| held[i], 7, 0, (rank, 2), 4, 3);
+            assert_eq!(o.len(), 3, "rank {rank}");
+        }
         // A buffer of one keeps the shards' own order.
         let one = stream_order(n, |i| shard_of[i], 7, 3, (0, 1), 1, n);
         for w in one.windows(2) {

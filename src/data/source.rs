@@ -226,8 +226,8 @@ pub enum SourceKind {
     Labelled { file: PathBuf, images: usize },
     /// This many tar shards.
     Shards(usize),
-    /// This many parquet files.
-    Parquet(usize),
+    /// This many parquet files, holding this many row groups.
+    Parquet { files: usize, row_groups: usize },
 }
 
 /// Whether `path` names a sharded source: parquet files or tar shards.
@@ -274,7 +274,11 @@ impl Dataset {
         // Parquet before shards: a brace pattern of parquet files is not tar shards.
         let (classes, catalog, kind, origin) = if super::parquet::is_parquet(path) {
             let (classes, catalog, files) = Parquet::open(path, &spec.columns, spec.strict, what)?;
-            (classes, catalog, SourceKind::Parquet(files.paths.len()), Origin::Parquet(Arc::new(files)))
+            let kind = SourceKind::Parquet {
+                files: files.paths.len(),
+                row_groups: files.row_groups(),
+            };
+            (classes, catalog, kind, Origin::Parquet(Arc::new(files)))
         } else if super::shards::is_shards(path) {
             let (classes, catalog, shards) = Shards::open(path, &spec.columns, spec.strict, what)?;
             (classes, catalog, SourceKind::Shards(shards.paths.len()), Origin::Shards(Arc::new(shards)))

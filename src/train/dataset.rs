@@ -59,8 +59,9 @@ impl TrainData {
                 data_dir.display()
             )));
         }
-        let split = cfg.val_spec().is_none();
-        let (train_samples, val_samples) = match cfg.val_spec() {
+        let val_spec = cfg.val_spec();
+        let split = val_spec.is_none();
+        let (train_samples, val_samples) = match val_spec {
             Some(spec) => {
                 let val_set = Dataset::open(spec, "--val")?.onto_classes(&train_set.classes)?;
                 if same_images(&train_set, &val_set) {
@@ -87,7 +88,7 @@ impl TrainData {
         }
         if train_samples.shard_files().is_some() {
             let held = crate::data::shards::shard_count(train_samples.len(), |i| train_samples.shard_of(i).unwrap_or(0));
-            let unit = if matches!(train_set.kind, SourceKind::Parquet(_)) { "row group(s)" } else { "shard(s)" };
+            let unit = if matches!(train_set.kind, SourceKind::Parquet { .. }) { "row group(s)" } else { "shard(s)" };
             if held < ctx.world() {
                 return Err(user_error(format!(
                     "--data {}: {held} {unit} for {} ranks; training splits them across the ranks, so every rank needs one: write the set in at least {} of them",
@@ -351,10 +352,9 @@ fn describe_source(set: &Dataset) -> String {
         ),
         (SourceKind::Labelled { file, .. }, _) => format!("images from the folder {} labelled by {}", set.root.display(), file.display()),
         (SourceKind::Shards(n), _) => format!("images from {n} tar shard(s) {}", set.root.display()),
-        (SourceKind::Parquet(n), _) => format!(
-            "images from {n} parquet file(s) {} ({} row groups: its shards)",
-            set.root.display(),
-            crate::data::shards::shard_count(set.len(), |i| set.samples.shard_of(i).unwrap_or(0))
+        (SourceKind::Parquet { files, row_groups }, _) => format!(
+            "images from {files} parquet file(s) {} ({row_groups} row groups: its shards)",
+            set.root.display()
         ),
         _ => format!("images from the folder {}", set.root.display()),
     }

@@ -120,6 +120,27 @@ pub fn train_samples(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<
         .collect()
 }
 
+/// Each epoch of `train_samples` sorted: what a sharded source must hold per epoch in common
+/// with the folder of the same images.
+pub fn sorted_epochs(epochs: Vec<Vec<(Vec<u8>, i64)>>) -> Vec<Vec<(Vec<u8>, i64)>> {
+    epochs
+        .into_iter()
+        .map(|mut e| {
+            e.sort();
+            e
+        })
+        .collect()
+}
+
+/// The SHA-256 (hex) of sample `i`'s bytes as stored.
+pub fn sample_sha256(samples: &ringtrain::data::source::Samples, i: usize) -> String {
+    use sha2::Digest;
+    let ringtrain::data::source::Stored::Encoded(bytes) = samples.read(i).unwrap() else {
+        panic!("sample {i} is not stored encoded")
+    };
+    format!("{:x}", sha2::Sha256::digest(&bytes))
+}
+
 /// Runs ringtrain with `args` and expects a user error: exit code 2, one line starting
 /// "error: " that mentions `needle`, no panic.
 pub fn expect_user_error<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S], needle: &str) {
