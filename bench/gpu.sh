@@ -2,10 +2,14 @@
 # The GPU battery: every CUDA path of ringtrain checked, then the speed figures against PyTorch
 # (ResNet-50 b256 224 px and ResNet-18-cifar b512 32 px in bf16 and fp16, ringtrain's defaults,
 # torch.compile, the input pipeline end to end), into one log and one JSON file; written to fit 10
-# minutes on one H100 (--only correctness / --only speed split it). From a repository or a bundle
-# (scripts/bundle.sh):
+# minutes on one H100 (--only correctness / --only speed split it). From a repository, a bundle
+# (scripts/bundle.sh) or the wheel (scripts/wheel.sh; 7.1 MB against the bundle's 20.8 MB folder):
 #
 #   bench/gpu.sh [--data DIR] [--out DIR] [--bin RINGTRAIN] [--only NAME,...] [--dry-run]
+#
+# With the wheel, on a machine whose Python has torch 2.11 and no network:
+#   python -m venv --system-site-packages rt && rt/bin/pip install --no-index ringtrain-*.whl
+#   bench/gpu.sh --bin rt/bin/ringtrain --data DIR ...
 #
 # --dry-run runs the same sequence on the CPU at tiny sizes (the test suite does). Needs a Python
 # with torch and torchvision: $RINGTRAIN_PYTHON, else python3. bench/gpu_battery.py says more.

@@ -240,6 +240,33 @@ def main():
 
     b.check("environment", "correctness", environment)
 
+    def doctor():
+        # ringtrain doctor's CUDA lines against torch's own answers (on the CPU: recorded only).
+        text = b.ringtrain("doctor", "--out", out)
+        lines = text.strip().splitlines()
+        found = {"lines": lines}
+        if dry or not torch.cuda.is_available():
+            return found
+        want = [f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"]
+        cudnn = torch.backends.cudnn.version()  # 91900 for 9.19.0
+        want.append(f"cuDNN {cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}")
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            want.append(f"GPU {i}: {torch.cuda.get_device_name(i)}, ")
+            want.append(f"compute capability {major}.{minor}")
+        n = torch.cuda.device_count()
+        no_peer = [f"{a}-{b}" for a in range(n) for b in range(a + 1, n)
+                   if not (torch.cuda.can_device_access_peer(a, b) and torch.cuda.can_device_access_peer(b, a))]
+        if n > 1:
+            want.append(f"no peer access between GPUs {', '.join(no_peer)}" if no_peer
+                        else f"peer access between all {n} GPUs")
+        missing = [w for w in want if w not in text]
+        if missing:
+            raise Failed(f"ringtrain doctor lacks {missing}", lines=lines)
+        return found
+
+    b.check("doctor", "correctness", doctor)
+
     demo = out / "demo"
 
     def demo_run():
@@ -532,6 +559,11 @@ def default_binary():
     bundled = HERE.parent / "ringtrain"  # bench/ inside a bundle, beside its launcher
     if (HERE.parent / "BUILD").is_file():
         return bundled
+    # bench/ inside the installed wheel's package (PREFIX/lib/pythonX.Y/site-packages/ringtrain):
+    # the command pip installed with it, in PREFIX/bin.
+    if (HERE.parent / "__main__.py").is_file():
+        command = HERE.parent.parents[3] / "bin" / "ringtrain"
+        return command if command.is_file() else Path(shutil.which("ringtrain") or "ringtrain")
     target = Path(os.environ.get("CARGO_TARGET_DIR", HERE.parent / "target"))
     return target / "release" / "ringtrain"
 

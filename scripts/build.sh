@@ -4,5 +4,17 @@
 _ringtrain_scripts="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bash "$_ringtrain_scripts/setup.sh"
 source "$_ringtrain_scripts/env.sh"
-cargo build --release --quiet --manifest-path "$_ringtrain_scripts/../Cargo.toml" >&2
 bin="$CARGO_TARGET_DIR/release/ringtrain"
+# A build that will take a while says so, and shows cargo's progress on a terminal; an
+# up-to-date build stays silent (cargo still checks, in well under a second).
+_ringtrain_root="$_ringtrain_scripts/.."
+_ringtrain_quiet=--quiet
+if [ ! -x "$bin" ]; then
+  echo "[build] first build: compiling ringtrain, its C++ shim and $(grep -c '^name = ' "$_ringtrain_root/Cargo.lock") crates in release mode (about 4 minutes on 2 cores; later builds take seconds)" >&2
+  [ -t 2 ] && _ringtrain_quiet=
+elif [ -n "$(cd "$_ringtrain_root" && find src csrc build.rs build_support Cargo.toml Cargo.lock -newer "$bin" -print -quit 2>/dev/null)" ]; then
+  echo "[build] the sources changed: rebuilding ringtrain (about a minute)" >&2
+  [ -t 2 ] && _ringtrain_quiet=
+fi
+cargo build --release $_ringtrain_quiet --manifest-path "$_ringtrain_root/Cargo.toml" >&2
+unset _ringtrain_root _ringtrain_quiet

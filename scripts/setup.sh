@@ -14,7 +14,7 @@ set -euo pipefail
 
 CACHE="${RINGTRAIN_CACHE:-$HOME/.cache/ringtrain}"
 VENV="$CACHE/venv"
-STAMP="$VENV/.ringtrain-setup-v3"
+STAMP="$VENV/.ringtrain-setup-v4"
 PY_PACKAGES=(
   "torch==2.11.0"
   "torchvision==0.26.0"
@@ -25,6 +25,7 @@ PY_PACKAGES=(
   "safetensors"
   "scikit-learn"
   "tensorboard"
+  "auditwheel==6.8.2"
   "numpy"
   "pillow"
 )

@@ -2,8 +2,8 @@
 //!
 //! The path of a batch: `data` (folders → decode → augment → uint8 batches) → `model` →
 //! `train` (loop, optimizer, schedule, checkpoints) → `report` (metrics, classification report);
-//! `infer` runs a saved checkpoint (eval, predict); `cli` ties them to the command line. `shim`
-//! is the safe face of the C++ shim in `csrc/`.
+//! `infer` runs a saved checkpoint (eval, predict); `doctor` checks the machine; `cli` ties them
+//! to the command line. `shim` is the safe face of the C++ shim in `csrc/`.
 pub mod atomic;
 pub mod bench;
 pub mod cli;
@@ -11,6 +11,7 @@ pub mod config;
 pub mod data;
 pub mod device;
 pub mod dist;
+pub mod doctor;
 pub mod error;
 mod flag_enum;
 pub mod infer;

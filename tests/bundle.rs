@@ -78,6 +78,9 @@ fn the_bundle_finds_libtorch_through_its_launcher_only() {
         let o = launch(&b.join("ringtrain"), &["--version"], d.path(), &envs);
         assert!(o.status.success() && text(&o).contains("libtorch 2.11.0"), "{envs:?}: {}", text(&o));
     }
+    // doctor says how the launcher found it.
+    let o = launch(&b.join("ringtrain"), &["doctor"], d.path(), &[]);
+    assert!(o.status.success() && text(&o).contains("found by the bundle's launcher: the torch of"), "{}", text(&o));
     // What it cannot find, it names, in one line, with exit code 2.
     let nowhere = d.path().join("nowhere");
     for (envs, says) in [
@@ -128,6 +131,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     let names: Vec<String> = checks.iter().map(|c| c["name"].as_str().unwrap().to_string()).collect();
     let mut want: Vec<String> = [
         "environment",
+        "doctor",
         "demo",
         "one_epoch_fp16",
         "one_epoch_bf16",
@@ -166,5 +170,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     assert!(details("step_resnet50_bf16")["ratio"].as_f64().unwrap() > 0.0);
     assert!(details("two_ranks_one_gpu_gloo")["relative_difference"].as_f64().unwrap() <= 5e-6);
     assert_eq!(details("sigterm_then_resume")["deterministic"]["bit_identical"], true);
+    let doctor = details("doctor")["lines"].as_array().unwrap();
+    assert!(doctor.iter().any(|l| l.as_str().unwrap().contains("found by the bundle's launcher")), "{doctor:?}");
     assert!(out.join("battery.log").is_file());
 }

@@ -121,6 +121,54 @@ fn same_seed_gives_bit_identical_cpu_runs() {
     );
 }
 
+/// The flags of a command, as its help lists them.
+fn flags_of(command: &str) -> Vec<String> {
+    let o = ringtrain(&[command, "--help"]);
+    assert!(o.status.success());
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with("--"))
+        .map(|w| w.trim_end_matches([',', '.']).to_string())
+        .collect()
+}
+
+#[test]
+fn every_command_reads_data_and_writes_out_and_the_old_names_still_work_unlisted() {
+    for command in ["train", "eval", "predict", "bench-data", "split", "stats", "pack"] {
+        assert!(flags_of(command).contains(&"--data".to_string()), "{command} has no --data");
+    }
+    for command in ["train", "demo", "eval", "predict", "split", "pack", "convert", "doctor"] {
+        assert!(flags_of(command).contains(&"--out".to_string()), "{command} has no --out");
+    }
+    let split = flags_of("split");
+    assert!(!split.contains(&"--src".to_string()) && !split.contains(&"--dst".to_string()), "{split:?}");
+
+    // split as a new user writes it, and as earlier versions took it: the same split.
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_folder(&data, &["a", "b"], 5);
+    let listing = |dir: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = ["train", "val"]
+            .iter()
+            .flat_map(|s| std::fs::read_dir(dir.join(s)).unwrap().map(|e| e.unwrap().path()))
+            .flat_map(|c| std::fs::read_dir(&c).unwrap().map(|e| e.unwrap().path()))
+            .map(|p| p.strip_prefix(dir).unwrap().display().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let (new, old) = (d.path().join("new"), d.path().join("old"));
+    for (args, out) in [(["--data", "--out"], &new), (["--src", "--dst"], &old)] {
+        let o = ringtrain(&["split", args[0], data.to_str().unwrap(), args[1], out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert_eq!(listing(&new), listing(&old));
+    assert_eq!(listing(&new).len(), 10);
+    // Its refusals name the flags a user now types.
+    expect_user_error(&["split", "--data", data.to_str().unwrap(), "--out", new.to_str().unwrap()], "--out");
+    expect_user_error(&["split", "--data", "/no/such/dir", "--out", d.path().join("x").to_str().unwrap()], "--data");
+}
+
 #[test]
 fn version_names_ringtrain_and_libtorch() {
     let o = ringtrain(&["--version"]);

@@ -6,7 +6,9 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-const COMMANDS: [&str; 9] = ["train", "demo", "eval", "predict", "bench", "bench-data", "split", "stats", "pack"];
+const COMMANDS: [&str; 11] = [
+    "train", "demo", "eval", "predict", "bench", "bench-data", "split", "stats", "pack", "convert", "doctor",
+];
 
 fn doc_files() -> Vec<std::path::PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -81,7 +81,7 @@ fn every_form_of_torch_save_reads_as_its_state_dict() {
     ] {
         let out = d.path().join(format!("{file}.safetensors"));
         let o = common::ringtrain(&common::argv(
-            "convert {} {} --model resnet18",
+            "convert {} --out {} --model resnet18",
             &[&d.path().join(file), &out],
         ));
         let (stdout, stderr) = text(&o);
@@ -97,7 +97,7 @@ fn every_form_of_torch_save_reads_as_its_state_dict() {
     assert!(text(&o).0.contains("also holds state_dict_ema"), "{:?}", text(&o));
     let ema = d.path().join("ema.st");
     let o = common::ringtrain(&common::argv(
-        "convert {} {} --pretrained-key state_dict_ema",
+        "convert {} --out {} --pretrained-key state_dict_ema",
         &[&d.path().join("timm_train.pth"), &ema],
     ));
     assert!(o.status.success(), "{:?}", text(&o));

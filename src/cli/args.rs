@@ -65,7 +65,7 @@ pub enum Command {
     /// Measure the input pipeline on an ImageFolder directory, alone or feeding the training
     /// step (optionally against PyTorch's DataLoader).
     BenchData(BenchDataArgs),
-    /// Split an ImageFolder tree into <dst>/train and <dst>/val, stratified per class.
+    /// Split an ImageFolder tree into <out>/train and <out>/val, stratified per class.
     Split(SplitArgs),
     /// Exact per-channel mean and std over all pixels of a folder, as Normalize arguments.
     Stats(StatsArgs),
@@ -79,6 +79,30 @@ pub enum Command {
     /// Convert weights (a PyTorch checkpoint, torchvision:NAME, hf-hub:ORG/NAME) to one
     /// safetensors file with torchvision's names, without Python and without unpickling.
     Convert(ConvertArgs),
+    /// Check this machine for training, in one screen to paste into a bug report.
+    ///
+    /// ringtrain and libtorch (and how it was found), CUDA, cuDNN, NCCL, the driver, the GPUs and
+    /// their peer access, CPU, memory, /dev/shm, the network interface the ranks would use, the
+    /// launcher variables set (torchrun, Slurm, Open MPI) and the free space under --out.
+    Doctor(DoctorArgs),
+    /// Print a shell's completion script.
+    ///
+    /// bash: `ringtrain completions bash > /etc/bash_completion.d/ringtrain`; zsh: `ringtrain
+    /// completions zsh > ~/.zfunc/_ringtrain`; fish: `ringtrain completions fish >
+    /// ~/.config/fish/completions/ringtrain.fish`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `ringtrain man > ringtrain.1; man ./ringtrain.1`.
+    Man,
+}
+
+#[derive(Args)]
+pub struct DoctorArgs {
+    /// The run directory (or any folder) whose disk should have room for checkpoints.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -88,8 +112,11 @@ pub struct ConvertArgs {
     #[arg(value_name = "IN")]
     pub input: WeightsSource,
     /// The safetensors file to write (replaced atomically if it exists).
-    #[arg(value_name = "OUT")]
-    pub out: PathBuf,
+    #[arg(long, value_name = "OUT", required_unless_present = "out_positional")]
+    pub out: Option<PathBuf>,
+    /// --out given as a second positional argument, as earlier versions took it.
+    #[arg(value_name = "OUT", hide = true, conflicts_with = "out")]
+    pub out_positional: Option<PathBuf>,
     /// The dict of a PyTorch checkpoint that holds the weights [default: found by its usual
     /// names].
     #[arg(long, value_name = "KEY")]
@@ -159,11 +186,12 @@ pub struct PackArgs {
 
 #[derive(Args)]
 pub struct SplitArgs {
-    #[arg(long)]
-    pub src: PathBuf,
-    /// A new directory (never overwritten).
-    #[arg(long)]
-    pub dst: PathBuf,
+    /// The ImageFolder tree to split (<dir>/<class>/<image>).
+    #[arg(long, alias = "src")]
+    pub data: PathBuf,
+    /// A new directory (never overwritten): <out>/train and <out>/val.
+    #[arg(long, alias = "dst")]
+    pub out: PathBuf,
     #[arg(long, default_value_t = 0.2)]
     pub val_ratio: f64,
     #[arg(long, default_value_t = 42)]
@@ -283,8 +311,11 @@ pub struct PredictArgs {
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Image files, flat folders or ImageFolder trees; or one pack or set of tar shards.
-    #[arg(required = true)]
+    #[arg(value_name = "DATA", required_unless_present = "data")]
     pub inputs: Vec<PathBuf>,
+    /// The same as the positional inputs, as every other command names its input (repeatable).
+    #[arg(long)]
+    pub data: Vec<PathBuf>,
     /// CSV of the predictions.
     #[arg(long, default_value = "predictions.csv")]
     pub out: PathBuf,

@@ -28,7 +28,7 @@ use args::{
 fn dispatch(cli: Cli) -> Result<()> {
     crate::report::progress::set_quiet(cli.quiet);
     if cli.version {
-        println!("{}", version());
+        crate::outln!("{}", version());
         return Ok(());
     }
     match cli.command {
@@ -46,6 +46,19 @@ fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Some(Command::Convert(args)) => convert(&args),
+        Some(Command::Doctor(args)) => crate::doctor::run(args.out.as_deref()),
+        Some(Command::Completions { shell }) => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command_with_defaults(), "ringtrain", &mut out);
+            crate::report::stdout::bytes(&out);
+            Ok(())
+        }
+        Some(Command::Man) => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(Cli::command_with_defaults().version(env!("CARGO_PKG_VERSION"))).render(&mut out)?;
+            crate::report::stdout::bytes(&out);
+            Ok(())
+        }
         None => Err(user_error("no command given; try `ringtrain --help`")),
     }
 }
@@ -60,6 +73,7 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
 }
 
 fn train(args: &TrainArgs) -> Result<()> {
+    crate::report::stdout::training_command();
     let cfg = train_config(args)?;
     let dist = match plan::plan(&(&args.dist).into(), cfg.device, cfg.sync_bn)? {
         Plan::Launch(spec) => {
@@ -102,6 +116,7 @@ fn demo_config(args: &DemoArgs) -> Result<TrainConfig> {
 }
 
 fn demo(args: &DemoArgs) -> Result<()> {
+    crate::report::stdout::training_command();
     let mut cfg = demo_config(args)?;
     let data = demo::ensure(&cfg.out, args.seed)?;
     cfg.data = Some(data.join("train"));
@@ -164,7 +179,7 @@ fn eval(args: &EvalArgs) -> Result<()> {
 fn predict(args: &PredictArgs) -> Result<()> {
     let s = predict::predict(&PredictOptions {
         checkpoint: args.checkpoint.clone(),
-        inputs: args.inputs.clone(),
+        inputs: args.inputs.iter().chain(&args.data).cloned().collect(),
         out: args.out.clone(),
         topk: args.topk,
         logits: args.logits,
@@ -309,12 +324,12 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
 }
 
 fn split(a: &SplitArgs) -> Result<()> {
-    let counts = crate::data::split::split(&a.src, &a.dst, a.val_ratio, a.seed, a.link)?;
+    let counts = crate::data::split::split(&a.data, &a.out, a.val_ratio, a.seed, a.link)?;
     for (class, train, val) in &counts.per_class {
         say!("{class:<28} train {train:>6}  val {val:>6}");
     }
     let (t, v) = counts.per_class.iter().fold((0, 0), |(t, v), c| (t + c.1, v + c.2));
-    say!("{t} train and {v} val images in {}", a.dst.display());
+    say!("{t} train and {v} val images in {}", a.out.display());
     Ok(())
 }
 
@@ -354,14 +369,14 @@ fn pack(a: &PackArgs) -> Result<()> {
 
 /// `ringtrain models`: one line per architecture (building each once to count its parameters).
 fn models() {
-    println!(
+    crate::outln!(
         "{:<20} {:>12} {:>6}  {:<13} {:>9} {:>8}",
         "model", "parameters", "input", "head", "drop-path", "dropout"
     );
     let shown = |v: Option<f64>| v.map_or("-".to_string(), |v| v.to_string());
     for &kind in ModelKind::ALL {
         let params = Model::new(kind, 1000, tch::Device::Cpu).num_parameters();
-        println!(
+        crate::outln!(
             "{:<20} {:>12} {:>6}  {:<13} {:>9} {:>8}",
             kind.name(),
             thousands(params),
@@ -371,11 +386,11 @@ fn models() {
             shown(kind.default_dropout())
         );
     }
-    println!("\ntorchvision's ImageNet weights (--pretrained torchvision:NAME; NAME alone is the default, *):");
-    println!("{:<46} {:>6} {:>7} {:>7}  {}", "name", "input", "resize", "top-1", "resize filter");
+    crate::outln!("\ntorchvision's ImageNet weights (--pretrained torchvision:NAME; NAME alone is the default, *):");
+    crate::outln!("{:<46} {:>6} {:>7} {:>7}  {}", "name", "input", "resize", "top-1", "resize filter");
     for w in crate::model::weights::torchvision::WEIGHTS {
         let name = format!("{}.{}{}", w.model, w.variant, if w.default { " *" } else { "" });
-        println!(
+        crate::outln!(
             "{:<46} {:>6} {:>7} {:>7.2}  {}",
             name,
             w.crop,
@@ -404,7 +419,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             file.weights = crate::model::weights::without_prefix(&file.weights, &p);
         }
     }
-    let out = &a.out;
+    let out = a.out.as_ref().or(a.out_positional.as_ref()).expect("clap requires one of them");
     let named: Vec<(&str, &tch::Tensor)> = file.weights.iter().map(|(k, t)| (k.as_str(), t)).collect();
     crate::atomic::write_file_by_path(out, |tmp| {
         tch::Tensor::write_safetensors(&named, tmp)

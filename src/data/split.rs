@@ -62,11 +62,11 @@ pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool)
     }
     if dst.exists() {
         bail_user!(
-            "--dst {} already exists; split writes a new directory and never overwrites",
+            "--out {} already exists; split writes a new directory and never overwrites",
             dst.display()
         );
     }
-    let data = Dataset::of_folder(ImageFolder::scan(src, "--src")?);
+    let data = Dataset::of_folder(ImageFolder::scan(src, "--data")?);
     let tmp = dst.with_file_name(format!(
         ".{}.partial",
         dst.file_name()
@@ -135,7 +135,7 @@ mod tests {
         };
         assert_eq!(list(&d.path().join("one")), list(&d.path().join("two")));
         // `train --val-split` holds out exactly the files `split` puts in val/.
-        let (_, held_out) = stratified(&Dataset::open(&src, "--src").unwrap(), 0.3, 7);
+        let (_, held_out) = stratified(&Dataset::open(&src, "--data").unwrap(), 0.3, 7);
         let mut held: Vec<PathBuf> = (0..held_out.len()).map(|i| held_out.name(i).to_owned()).collect();
         let mut listed: Vec<PathBuf> = list(&d.path().join("one"))
             .iter()

@@ -3,6 +3,7 @@
 //! - Output: each line prefixed with `[rank R]`; only rank 0 prints progress (the workers decide).
 //! - Signals: SIGINT, SIGTERM and SIGUSR1 are forwarded to the workers, which save a checkpoint
 //!   and exit with 128 + the signal (0 with `--requeue`); the launcher then exits with that code.
+//!   A closed standard output stops them as SIGTERM does.
 //! - Restarts (`--max-restarts N`): when a worker fails for a reason other than its input, the
 //!   others are stopped and all are started again with `--resume auto`, up to N times.
 //! - Failure: when a worker fails, the others get SIGTERM (SIGKILL 10 s later), and the launcher
@@ -90,6 +91,9 @@ pub fn launch(spec: &LaunchSpec, args: &[String]) -> Result<i32> {
             }
         }
     }
+    // A closed standard output (`... | head`) must not end the launcher, whose workers would die
+    // with it unsaved: it stops them as SIGTERM does (see wait_for_workers).
+    crate::report::stdout::stop_runs_instead();
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
@@ -252,8 +256,10 @@ fn spawn_workers(
                     }
                     if to_stderr {
                         let _ = writeln!(std::io::stderr().lock(), "[rank {rank}] {line}");
-                    } else {
-                        let _ = writeln!(std::io::stdout().lock(), "[rank {rank}] {line}");
+                    } else if let Err(e) = writeln!(std::io::stdout().lock(), "[rank {rank}] {line}") {
+                        if e.kind() == std::io::ErrorKind::BrokenPipe {
+                            crate::report::stdout::closed();
+                        }
                     }
                 }
             }));
@@ -292,7 +298,10 @@ fn wait_for_workers(children: &mut [(usize, Child)]) -> Result<Ended> {
     // which is the expected end, not a failure.
     let mut forwarded: Option<i32> = None;
     while status.iter().any(Option::is_none) {
-        let sig = SIGNAL.swap(0, Ordering::SeqCst);
+        let mut sig = SIGNAL.swap(0, Ordering::SeqCst);
+        if sig == 0 && forwarded.is_none() && crate::report::stdout::is_closed() {
+            sig = libc::SIGTERM;
+        }
         if sig != 0 {
             signal_all(children, &status, sig);
             forwarded.get_or_insert(sig);

@@ -60,7 +60,7 @@ pub fn join(
         let var = backend.for_device(device)?.interface_variable();
         let r = network::route_to_master(&env.master_addr, env.master_port, var)?;
         let addr = r.addr.map(|a| format!(" ({a})")).unwrap_or_default();
-        println!("network: rank {} talks to its peers over {}{addr}, {}", env.rank, r.iface, r.why);
+        crate::outln!("network: rank {} talks to its peers over {}{addr}, {}", env.rank, r.iface, r.why);
     }
     let pg = process_group::ProcessGroup::new(
         backend,

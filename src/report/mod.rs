@@ -4,6 +4,7 @@ pub mod classification;
 pub mod metrics_csv;
 pub mod plots;
 pub mod progress;
+pub mod stdout;
 pub mod tensorboard;
 
 use std::path::Path;

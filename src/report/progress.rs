@@ -16,10 +16,10 @@ pub fn quiet() -> bool {
     QUIET.load(Ordering::Relaxed)
 }
 
-/// `println!` unless `--quiet`.
+/// A line on standard output unless `--quiet` (`outln!`: a closed output ends quietly).
 #[macro_export]
 macro_rules! say {
-    ($($arg:tt)*) => { if !$crate::report::progress::quiet() { println!($($arg)*) } };
+    ($($arg:tt)*) => { if !$crate::report::progress::quiet() { $crate::outln!($($arg)*) } };
 }
 
 /// A warning line on stderr (shown under --quiet too).
@@ -94,7 +94,7 @@ impl EpochProgress {
             }
             (Some(b), None) => b.set_position(step as u64),
             (None, Some(loss)) if !quiet() => {
-                println!(
+                crate::outln!(
                     "{} step {step}/{} loss {loss:.4} lr {lr:.5} {rate:.0} img/s",
                     self.label, self.total
                 )

@@ -1,7 +1,7 @@
 //! SIGTERM/SIGINT (Slurm preemption, Ctrl-C) and SIGUSR1 (Slurm's `--signal=USR1@90`, before
-//! the time limit) ask the run to stop: the loop sees the request at the next optimizer step,
-//! saves `last` with its position in the epoch and exits, so `--resume auto` continues exactly
-//! there; with `--requeue` it then asks Slurm to requeue the job and exits 0. A second signal at
+//! the time limit) ask the run to stop, and so does a closed standard output (as SIGPIPE): the
+//! loop sees the request at the next optimizer step, saves `last` with its position in the epoch
+//! and exits, so `--resume auto` continues exactly there; with `--requeue` it then asks Slurm to requeue the job and exits 0. A second signal at
 //! least a second after the first exits at once (an impatient Ctrl-C); one sooner is taken as
 //! the same request delivered twice (a terminal's Ctrl-C reaches a worker directly and through
 //! the launcher, Slurm signals every process of a step), which must not cost the checkpoint.
@@ -64,12 +64,14 @@ impl StopRequest {
             // SAFETY: the handler does only async-signal-safe work (see above).
             unsafe { signal_hook::low_level::register(sig, handler) }.context("installing signal handlers")?;
         }
+        crate::report::stdout::stop_runs_instead();
         Ok(StopRequest { signal, requeue })
     }
 
-    /// The signal received, if any.
+    /// The signal received, if any; a closed standard output counts as SIGPIPE.
     pub fn signal(&self) -> Option<i32> {
         match self.signal.load(Ordering::Relaxed) {
+            0 if crate::report::stdout::is_closed() => Some(libc::SIGPIPE),
             0 => None,
             s => Some(s as i32),
         }
