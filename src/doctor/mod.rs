@@ -1,7 +1,7 @@
 //! `ringtrain doctor`: the machine as a run would find it, one screen to paste into a bug report
 //! (PyTorch's `python -m torch.utils.collect_env`, plus what goes wrong in distributed runs). Each
-//! line is `ok` or `warning`, and a warning says how to fix it. Nothing here starts CUDA, joins a
-//! job or writes a file.
+//! line is `ok` or `warning`, and a warning says how to fix it. Nothing here creates a CUDA
+//! context, joins a job or writes a file.
 mod cuda;
 mod system;
 

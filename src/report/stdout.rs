@@ -14,29 +14,24 @@ static EXIT_CODE: AtomicI32 = AtomicI32::new(0);
 
 /// Writes one line to standard output (nothing once it has closed).
 pub fn line(args: std::fmt::Arguments) {
-    if CLOSED.load(Ordering::Relaxed) {
-        return;
-    }
-    let mut out = std::io::stdout().lock();
-    let written = writeln!(out, "{args}").and_then(|_| out.flush());
-    if let Err(e) = written {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            closed();
-        }
-        // Any other failure (a full disk behind a redirect) loses the line, not the command.
-    }
+    write(|out| writeln!(out, "{args}"));
 }
 
 /// Writes bytes as they are (generated scripts and pages) to standard output.
 pub fn bytes(b: &[u8]) {
+    write(|out| out.write_all(b));
+}
+
+fn write(f: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) {
     if CLOSED.load(Ordering::Relaxed) {
         return;
     }
     let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_all(b).and_then(|_| out.flush()) {
+    if let Err(e) = f(&mut out).and_then(|_| out.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             closed();
         }
+        // Any other failure (a full disk behind a redirect) loses the output, not the command.
     }
 }
 
