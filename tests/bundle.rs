@@ -7,6 +7,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::text;
+
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -40,9 +42,6 @@ fn launch(program: &Path, args: &[&str], cwd: &Path, envs: &[(&str, &str)]) -> O
         .unwrap()
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
 
 #[test]
 fn the_bundle_finds_libtorch_through_its_launcher_only() {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::weights;
+use common::{text, weights};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ringtrain");
 
@@ -99,9 +99,6 @@ fn finish(mut child: Child, limit: Duration) -> (Output, Duration) {
     (child.wait_with_output().unwrap(), t0.elapsed())
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
 
 /// A rank stopped with SIGSTOP (as a frozen driver or a stuck NFS read leaves it) is named
 /// within half the timeout, the job ends within the timeout (plus the launcher's stop), the

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{rel_diff, weights};
+use common::{rel_diff, text, weights};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ringtrain");
 
@@ -161,13 +161,6 @@ fn wait_both(children: [Child; 2], limit: Duration) -> [(Output, Duration); 2] {
     out.try_into().unwrap()
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 struct Data {
     _dir: tempfile::TempDir,

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::{
-    argv, eval_batches, expect_user_error, ringtrain, run_python_code, sample_sha256, shared_data, sorted_epochs,
+    argv, eval_batches, expect_user_error, ringtrain, run_python_code, sample_sha256, sorted_epochs,
     train_samples,
 };
 use ringtrain::data::source::{DataSpec, Dataset};
@@ -23,12 +23,7 @@ fn write_parquet(dir: &Path) -> String {
         r#"
 import hashlib, os
 from datasets import ClassLabel, Dataset, Features, Image
-src, out = {src:?}, {out:?}
-classes = sorted(os.listdir(src))[:3]
-items = [(f"{{src}}/{{c}}/{{f}}", i) for i, c in enumerate(classes) for f in sorted(os.listdir(f"{{src}}/{{c}}"))[:6]]
-for p, c in items:
-    os.makedirs(f"{{out}}/tree/{{classes[c]}}", exist_ok=True)
-    os.symlink(p, f"{{out}}/tree/{{classes[c]}}/{{os.path.basename(p)}}")
+{seedlings}
 features = Features({{"image": Image(), "label": ClassLabel(names=classes)}})
 # The bytes embedded, as the hub's files hold them (push_to_hub embeds what paths point to).
 embed = lambda p: {{"bytes": open(p, "rb").read(), "path": os.path.basename(p)}}
@@ -50,8 +45,7 @@ print(",".join(back.features["label"].names))
 for row in back:
     print(row["label"], hashlib.sha256(row["image"]["bytes"]).hexdigest())
 "#,
-        src = shared_data("plant-seedlings/train").to_str().unwrap(),
-        out = dir.to_str().unwrap()
+        seedlings = common::first_seedlings_py(dir),
     ))
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::{
-    argv, eval_batches, expect_user_error, ringtrain, run_python_code, sample_sha256, shared_data, sorted_epochs,
+    argv, eval_batches, expect_user_error, ringtrain, run_python_code, sample_sha256, sorted_epochs,
     train_samples,
 };
 use ringtrain::data::shards::expand;
@@ -23,12 +23,7 @@ fn write_shards(dir: &Path) -> String {
     run_python_code(&format!(
         r#"
 import hashlib, io, os, tarfile, webdataset as wds
-src, out = {src:?}, {out:?}
-classes = sorted(os.listdir(src))[:3]
-items = [(f"{{src}}/{{c}}/{{f}}", i) for i, c in enumerate(classes) for f in sorted(os.listdir(f"{{src}}/{{c}}"))[:6]]
-for p, c in items:
-    os.makedirs(f"{{out}}/tree/{{classes[c]}}", exist_ok=True)
-    os.symlink(p, f"{{out}}/tree/{{classes[c]}}/{{os.path.basename(p)}}")
+{seedlings}
 with wds.ShardWriter(f"{{out}}/train-%06d.tar", maxcount=5, verbose=0) as w:
     for i, (p, c) in enumerate(items):
         w.write({{"__key__": f"set.v1/s{{i:04d}}", "png": open(p, "rb").read(), "cls": c}})
@@ -46,8 +41,7 @@ for s in ds:
     if "png" in s and "cls" in s:
         print(os.path.basename(s["__url__"]), s["__key__"], hashlib.sha256(s["png"]).hexdigest(), int(s["cls"]))
 "#,
-        src = shared_data("plant-seedlings/train").to_str().unwrap(),
-        out = dir.to_str().unwrap()
+        seedlings = common::first_seedlings_py(dir),
     ))
 }
 

@@ -8,6 +8,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::text;
+
 /// libtorch's libraries: the binary needs them, the torch dependency brings them.
 const TORCH_LIBS: [&str; 5] = ["libtorch_cpu.so", "libtorch_cuda.so", "libtorch.so", "libc10.so", "libc10_cuda.so"];
 
@@ -15,9 +17,6 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
 
 /// `scripts/wheel.sh DIR/dist` with the binary under test; the wheel's path.
 fn wheel(dir: &Path) -> PathBuf {

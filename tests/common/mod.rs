@@ -25,6 +25,29 @@ pub fn run_python_script(script: &str, args: &[&str]) -> String {
     python_output(&[&[script.to_str().unwrap()], args].concat())
 }
 
+/// Python lines (after `import os`) that set `src` (plant seedlings' training folder), `out`,
+/// `classes` (its first 3 classes) and `items` (the first 6 images of each, (path, class) in
+/// ImageFolder order), and link those images into `out/tree`, an ImageFolder: the start of a
+/// script that writes the same images in another format, to compare with the folder.
+pub fn first_seedlings_py(out: &Path) -> String {
+    format!(
+        r#"src, out = {src:?}, {out:?}
+classes = sorted(os.listdir(src))[:3]
+items = [(f"{{src}}/{{c}}/{{f}}", i) for i, c in enumerate(classes) for f in sorted(os.listdir(f"{{src}}/{{c}}"))[:6]]
+for p, c in items:
+    os.makedirs(f"{{out}}/tree/{{classes[c]}}", exist_ok=True)
+    os.symlink(p, f"{{out}}/tree/{{classes[c]}}/{{os.path.basename(p)}}")
+"#,
+        src = shared_data("plant-seedlings/train").to_str().unwrap(),
+        out = out.to_str().unwrap()
+    )
+}
+
+/// A finished command's standard output and error, one after the other, for messages.
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
 /// Runs `python -c CODE` and returns its standard output.
 pub fn run_python_code(code: &str) -> String {
     python_output(&["-c", code])
