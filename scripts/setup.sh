@@ -2,7 +2,8 @@
 # One-time, idempotent set-up of everything ringtrain needs to build, run and test.
 #
 # - Debian packages: a C++ compiler, and libgloo-dev (Gloo headers for the c10d shim; the Gloo
-#   code itself is the copy inside libtorch_cpu).
+#   code itself is the copy inside libtorch_cpu); for the tests of the pictures and the report
+#   page: fontconfig with a font that has Chinese characters, and Chromium (headless).
 # - A Python virtual environment OUTSIDE the clone (default ~/.cache/ringtrain/venv, override with
 #   RINGTRAIN_CACHE) holding libtorch 2.11.0 (the torch wheel: CPU + CUDA 13.0, cuDNN, NCCL),
 #   the CUDA headers the NCCL part of the shim compiles against, and the Python packages the tests
@@ -37,6 +38,9 @@ command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 [ -f /usr/include/gloo/allreduce.h ] || need_apt+=(libgloo-dev)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-venv)
+command -v fc-match >/dev/null 2>&1 || need_apt+=(fontconfig)
+[ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || need_apt+=(fonts-wqy-microhei)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     log "missing Debian packages: ${need_apt[*]} (run as root, or install them first)"; exit 1

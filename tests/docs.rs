@@ -6,8 +6,9 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-const COMMANDS: [&str; 11] = [
-    "train", "demo", "eval", "predict", "bench", "bench-data", "split", "stats", "pack", "convert", "doctor",
+const COMMANDS: [&str; 13] = [
+    "train", "demo", "eval", "predict", "bench", "bench-data", "split", "stats", "pack", "convert", "doctor", "compare",
+    "lr-find",
 ];
 
 fn doc_files() -> Vec<std::path::PathBuf> {

@@ -53,6 +53,18 @@ impl Cli {
 pub enum Command {
     /// Train a network on an ImageFolder directory (<dir>/<class>/<image>).
     Train(TrainArgs),
+    /// Find a learning rate before training: the LR range test (as fastai's and Lightning's
+    /// lr_find) on your data, model and optimizer.
+    ///
+    /// Takes train's flags. Over --steps optimizer steps (cycling through the data) the LR rises
+    /// exponentially from --start-lr to --end-lr; the loss of each step is smoothed (moving
+    /// average, beta 0.98, bias-corrected) and the test stops early once the smoothed loss
+    /// exceeds 4 times its minimum. The suggested --lr is where the smoothed loss falls fastest
+    /// against log(lr), leaving out the first tenth of the steps and the last 5 points; it is
+    /// printed with the train command to run. Writes only lr_find.csv and lr_find.png into
+    /// --out; the model is thrown away. Runs in one process, at the global --batch-size; flags
+    /// about the run itself (--epochs, the schedule, checkpoints) only pass on to the command.
+    LrFind(LrFindArgs),
     /// Generate the built-in shapes data set and train on it: the quickest end-to-end check.
     Demo(DemoArgs),
     /// Evaluate a checkpoint on an ImageFolder directory: loss, top-1/5, per-class report,
@@ -60,6 +72,12 @@ pub enum Command {
     Eval(EvalArgs),
     /// Predict the classes of images: files, flat folders, or ImageFolder trees (then with accuracy).
     Predict(PredictArgs),
+    /// Compare training runs: each run's best validation top-1 (its epoch, macro-F1), epochs,
+    /// time and images/s, then the configuration keys that differ between them.
+    ///
+    /// Reads each run directory's config.toml and metrics.csv, so a run still in progress can be
+    /// compared too. `out` and `overwrite` are left out of the keys compared.
+    Compare(CompareArgs),
     /// Measure the training step alone on synthetic data (optionally against PyTorch's).
     Bench(BenchArgs),
     /// Measure the input pipeline on an ImageFolder directory, alone or feeding the training
@@ -96,6 +114,16 @@ pub enum Command {
     },
     /// Print the man page (roff): `ringtrain man > ringtrain.1; man ./ringtrain.1`.
     Man,
+}
+
+#[derive(Args)]
+pub struct CompareArgs {
+    /// Run directories (--out of ringtrain train), one or more.
+    #[arg(value_name = "RUN_DIR", required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Also draw the runs' validation top-1 and loss per epoch into this PNG, one colour per run.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -288,6 +316,10 @@ pub struct EvalArgs {
     /// Where the report goes [default: <run>/eval-<checkpoint name>].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Where report.html goes (the page with the per-class table, confusion matrix and the
+    /// highest-loss images) [default: --out].
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
     #[command(flatten)]
     pub infer: InferArgs,
 }
@@ -672,6 +704,24 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(skip)]
     pub resume: Option<String>,
+}
+
+/// `lr-find`: train's flags, then the range test's own. Its --out is where lr_find.csv and
+/// lr_find.png go (`defaults.rs` gives it its own help).
+#[derive(Args)]
+pub struct LrFindArgs {
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// The LR of the first step.
+    #[arg(long, default_value = "1e-7")]
+    pub start_lr: f64,
+    /// The LR of the last step.
+    #[arg(long, default_value = "10")]
+    pub end_lr: f64,
+    /// Optimizer steps from --start-lr to --end-lr (fastai's and Lightning's 100: enough points
+    /// for the smoothing, a minute or two on a GPU).
+    #[arg(long, default_value_t = 100)]
+    pub steps: usize,
 }
 
 /// The demo's flags; like `train`'s, only those given override its recipe (recipes/demo.toml).

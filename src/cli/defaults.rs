@@ -14,6 +14,20 @@ pub fn show_defaults(cli: Command) -> Command {
     let demo = shown_defaults(&super::demo_recipe());
     cli.mut_subcommand("train", |c| annotate(c, &train))
         .mut_subcommand("demo", |c| annotate(c, &demo))
+        .mut_subcommand("lr-find", |c| lr_find_help(c, train))
+}
+
+/// `lr-find` takes train's flags with train's defaults, but --out and --lr are its own.
+fn lr_find_help(cmd: Command, mut defaults: BTreeMap<String, String>) -> Command {
+    defaults.insert("out".into(), super::lr_find::DEFAULT_OUT.into());
+    defaults.remove("lr");
+    let cmd = cmd
+        .mut_arg("out", |a| {
+            a.help("Where lr_find.csv and lr_find.png go; never a training run's directory")
+        })
+        .mut_arg("lr", |a| a.help("Not used: the test sets the LR; the suggested command replaces it"))
+        .mut_arg("nproc_per_node", |a| a.help("Refused above 1: lr-find runs in one process"));
+    annotate(cmd, &defaults)
 }
 
 /// `train`'s defaults as its help shows them.

@@ -3,6 +3,7 @@
 //! file, and the file the defaults (`TrainConfig::default()`, shown in the help by `defaults`).
 mod args;
 mod defaults;
+mod lr_find;
 
 use anyhow::Result;
 
@@ -21,7 +22,7 @@ use crate::report::progress::warn_unreadable;
 use crate::say;
 use crate::shim;
 use args::{
-    BenchArgs, BenchDataArgs, Cli, Command, ConvertArgs, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
+    BenchArgs, BenchDataArgs, Cli, Command, CompareArgs, ConvertArgs, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
     TrainArgs,
 };
 
@@ -33,9 +34,11 @@ fn dispatch(cli: Cli) -> Result<()> {
     }
     match cli.command {
         Some(Command::Train(args)) => train(&args),
+        Some(Command::LrFind(args)) => lr_find::run(&args),
         Some(Command::Demo(args)) => demo(&args),
         Some(Command::Eval(args)) => eval(&args),
         Some(Command::Predict(args)) => predict(&args),
+        Some(Command::Compare(args)) => compare(&args),
         Some(Command::Bench(args)) => bench(&args),
         Some(Command::BenchData(args)) => bench_data(&args),
         Some(Command::Split(args)) => split(&args),
@@ -153,6 +156,7 @@ fn eval(args: &EvalArgs) -> Result<()> {
         checkpoint: args.checkpoint.clone(),
         data: args.source.spec(),
         out: args.out.clone(),
+        report: args.report.clone(),
         batch_size: args.infer.batch_size,
         device: args.infer.device.resolve()?,
         workers: workers(args.infer.workers),
@@ -163,14 +167,15 @@ fn eval(args: &EvalArgs) -> Result<()> {
     }
     if let Some(report) = &e.report {
         say!(
-            "{} images ({} unreadable): loss {:.4}, top-1 {:.2}%, top-5 {:.2}%\n\n{}\nreport, metrics.json, confusion.csv and confusion.png in {}",
+            "{} images ({} unreadable): loss {:.4}, top-1 {:.2}%, top-5 {:.2}%\n\n{}\nreport, metrics.json, predictions.csv, confusion.csv and confusion.png in {}; the page: {}",
             ev.targets.len(),
             ev.unreadable.len(),
             ev.loss,
             100.0 * ev.top1,
             100.0 * ev.top5,
             report.summary_text(CONSOLE_CLASSES, "report.txt"),
-            e.out.display()
+            e.out.display(),
+            e.page.display()
         );
     }
     Ok(())
@@ -227,6 +232,25 @@ fn predict(args: &PredictArgs) -> Result<()> {
         s.unreadable.len(),
         args.out.display()
     );
+    Ok(())
+}
+
+/// `ringtrain compare`: the runs' table and the keys that differ; with --plot, their curves.
+fn compare(a: &CompareArgs) -> Result<()> {
+    use crate::report::{compare, compare_plot};
+    if let Some(plot) = &a.plot {
+        // Checked before reading the runs, so a mistyped folder fails at once.
+        let dir = plot.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            crate::bail_user!("cannot write --plot {}: {} is not a directory", plot.display(), dir.display());
+        }
+    }
+    let runs = a.runs.iter().map(|d| compare::Run::read(d)).collect::<Result<Vec<_>>>()?;
+    crate::outln!("{}\n\n{}", compare::table(&runs), compare::differences(&runs));
+    if let Some(plot) = &a.plot {
+        compare_plot::validation_curves(plot, &runs)?;
+        say!("\nvalidation curves of {} runs in {}", runs.len(), plot.display());
+    }
     Ok(())
 }
 

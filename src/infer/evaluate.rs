@@ -15,7 +15,9 @@ use crate::data::Normalizer;
 use crate::dist::env as dist_env;
 use crate::dist::process_group::{Backend, ProcessGroup};
 use crate::report::classification::ClassificationReport;
-use crate::report::write_evaluation;
+use crate::error::user_error;
+use crate::report::page::command_line;
+use crate::report::{write_evaluation, PageContext};
 use crate::train::checkpoint;
 use crate::train::eval::EvalResult;
 
@@ -26,6 +28,8 @@ pub struct EvaluateOptions {
     pub data: DataSpec,
     /// Where the report goes; None: `<run>/eval-<checkpoint name>`.
     pub out: Option<PathBuf>,
+    /// Where report.html goes; None: `out`.
+    pub report: Option<PathBuf>,
     pub batch_size: usize,
     pub device: Device,
     pub workers: usize,
@@ -38,6 +42,8 @@ pub struct Evaluation {
     pub report: Option<ClassificationReport>,
     /// The report's directory.
     pub out: PathBuf,
+    /// The page (report.html).
+    pub page: PathBuf,
 }
 
 pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
@@ -67,7 +73,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
     let data = data.onto_classes(&state.classes)?;
     let normalize = Normalizer::new(state.mean3(), state.std3(), device);
     let loader = Loader::new(
-        data.samples,
+        data.samples.clone(),
         Transform::Eval {
             size: state.img_size,
             resize: state.eval_resize,
@@ -84,14 +90,25 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
     )?;
     let result = crate::train::eval::evaluate(&model, &loader, &normalize, &pg)?;
     let out = o.out.clone().unwrap_or_else(|| default_out(&o.checkpoint));
+    let page = o.report.as_ref().unwrap_or(&out).join("report.html");
     let report = match is_main {
         true => {
             let title = format!("{} — {}", state.model, o.data.path.display());
-            Some(write_evaluation(&out, &state.classes, &result, &title, Default::default())?)
+            if let Some(dir) = &o.report {
+                std::fs::create_dir_all(dir).map_err(|e| user_error(format!("cannot create --report {}: {e}", dir.display())))?;
+            }
+            let ctx = PageContext {
+                path: &page,
+                command: command_line(),
+                config_toml: state.config.to_toml()?,
+                history: &state.history,
+                samples: Some(&data.samples),
+            };
+            Some(write_evaluation(&out, &state.classes, &result, &title, Default::default(), &ctx)?)
         }
         false => None,
     };
-    Ok(Evaluation { result, report, out })
+    Ok(Evaluation { result, report, out, page })
 }
 
 /// `<run>/eval-<checkpoint name>`: beside the checkpoint, named after it.

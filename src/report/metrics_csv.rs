@@ -35,6 +35,27 @@ pub struct EpochRow {
 
 pub const HEADER: &str = "epoch,train_loss,train_top1,val_loss,val_top1,val_top5,lr,seconds,images_per_s,skipped_steps,val_macro_f1,ema_val_top1";
 
+/// Reads a metrics.csv back (`ringtrain compare`); a malformed file is a user error naming it
+/// and its line.
+pub fn read(path: &Path) -> Result<Vec<EpochRow>> {
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) => crate::bail_user!("cannot read {}: {e}", path.display()),
+    };
+    let mut reader = csv::Reader::from_reader(&text[..]);
+    if !reader.headers().is_ok_and(|h| h.get(0) == Some("epoch")) {
+        crate::bail_user!("{} is malformed: its header is not {HEADER}", path.display());
+    }
+    let mut rows = Vec::new();
+    for row in reader.deserialize::<EpochRow>() {
+        match row {
+            Ok(r) => rows.push(r),
+            Err(e) => crate::bail_user!("{} is malformed: {}", path.display(), crate::error::first_line(&e.to_string())),
+        }
+    }
+    Ok(rows)
+}
+
 pub fn write(path: &Path, rows: &[EpochRow]) -> Result<()> {
     atomic::write_file(path, render(rows).as_bytes())
 }

@@ -1,11 +1,18 @@
-//! What a run shows: per-epoch metrics, the classification report, the confusion matrix,
-//! TensorBoard events, plots and progress.
+//! What a run shows: per-epoch metrics, the classification report, the confusion matrix, the
+//! worst images, the report page, TensorBoard events, plots and progress.
 pub mod classification;
+pub mod compare;
+pub mod compare_plot;
+pub mod fonts;
+pub mod lr_find_plot;
 pub mod metrics_csv;
+pub mod page;
 pub mod plots;
 pub mod progress;
 pub mod stdout;
 pub mod tensorboard;
+pub mod thumbnails;
+pub mod worst;
 
 use std::path::Path;
 
@@ -13,11 +20,27 @@ use anyhow::Result;
 use serde_json::json;
 
 use crate::atomic;
+use crate::data::source::Samples;
 use crate::train::eval::EvalResult;
 use classification::ClassificationReport;
+pub use page::PageContext;
+
+/// 83.4 s → "1m23s"; under a minute with a tenth ("4.2s"), past an hour "1h02m03s".
+pub fn duration(seconds: f64) -> String {
+    if seconds < 59.95 {
+        return format!("{seconds:.1}s");
+    }
+    let s = seconds.round() as u64;
+    match s / 3600 {
+        0 => format!("{}m{:02}s", s / 60, s % 60),
+        h => format!("{h}h{:02}m{:02}s", s / 60 % 60, s % 60),
+    }
+}
 
 /// Writes an evaluation's outputs into `dir`: report.txt (sklearn's layout), metrics.json (loss,
-/// top-1, top-5, counts and the report as sklearn's output_dict), confusion.csv, confusion.png.
+/// top-1, top-5, counts and the report as sklearn's output_dict), confusion.csv, confusion.png,
+/// predictions.csv (every image's true and predicted class, confidence and loss), and the page
+/// (`page`: where, and what else it shows).
 /// `extra`: more top-level keys of metrics.json (a training run's restarts).
 pub fn write_evaluation(
     dir: &Path,
@@ -25,6 +48,7 @@ pub fn write_evaluation(
     ev: &EvalResult,
     title: &str,
     extra: serde_json::Map<String, serde_json::Value>,
+    page: &PageContext,
 ) -> Result<ClassificationReport> {
     std::fs::create_dir_all(dir)?;
     let report = ClassificationReport::new(classes, &ev.targets, &ev.preds);
@@ -45,6 +69,50 @@ pub fn write_evaluation(
         serde_json::to_string_pretty(&metrics)?.as_bytes(),
     )?;
     atomic::write_file(&dir.join("confusion.csv"), report.confusion_csv().as_bytes())?;
-    plots::confusion_heatmap(&dir.join("confusion.png"), classes, &report.confusion, title)?;
+    let confusion_png = plots::confusion_heatmap_png(classes, &report.confusion, title)?;
+    atomic::write_file(&dir.join("confusion.png"), &confusion_png)?;
+    if !ev.losses.is_empty() {
+        atomic::write_file(&dir.join("predictions.csv"), predictions_csv(classes, ev, page.samples).as_bytes())?;
+    }
+    page::write(page, title, classes, ev, &report, &confusion_png)?;
     Ok(report)
+}
+
+/// One row per evaluated image, in sample order: path, true class, predicted class, the
+/// predicted class's probability, the loss.
+fn predictions_csv(classes: &[String], ev: &EvalResult, samples: Option<&Samples>) -> String {
+    let mut rows: Vec<usize> = (0..ev.targets.len()).collect();
+    rows.sort_by_key(|&j| ev.indices.get(j));
+    let quote = |s: &str| match s.contains([',', '"', '\n']) {
+        true => format!("\"{}\"", s.replace('"', "\"\"")),
+        false => s.to_string(),
+    };
+    let mut s = String::from("path,true_class,predicted_class,confidence,loss\n");
+    for j in rows {
+        let path = match (samples, ev.indices.get(j)) {
+            (Some(samples), Some(&i)) => samples.path(i).display().to_string(),
+            _ => String::new(),
+        };
+        s += &format!(
+            "{},{},{},{},{}\n",
+            quote(&path),
+            quote(&classes[ev.targets[j] as usize]),
+            quote(&classes[ev.preds[j] as usize]),
+            ev.confidence.get(j).copied().unwrap_or(f32::NAN),
+            ev.losses[j]
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn durations_read_as_a_person_writes_them() {
+        use super::duration;
+        assert_eq!(duration(4.24), "4.2s");
+        assert_eq!(duration(83.4), "1m23s");
+        assert_eq!(duration(59.96), "1m00s");
+        assert_eq!(duration(3723.0), "1h02m03s");
+    }
 }

@@ -1,9 +1,8 @@
 //! PNG pictures of a run: training curves (loss, accuracy, learning rate per epoch) and the
 //! confusion matrix as a heat-map with class names (with many classes, a compact one beside the
-//! most confused pairs). Text is drawn with the DejaVu Sans font
-//! compiled into the binary, so no system fonts are needed.
+//! most confused pairs). Text is drawn with the DejaVu Sans font compiled into the binary, or,
+//! for class names in scripts it lacks (CJK), a system font that has them (`fonts`).
 use std::path::Path;
-use std::sync::Once;
 
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
@@ -11,29 +10,33 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
 
 use crate::atomic;
+use crate::report::fonts;
 use crate::report::metrics_csv::EpochRow;
 
-const FONT: &str = "sans-serif";
+/// The embedded font's family: for text without class names.
+pub(crate) const FONT: &str = fonts::EMBEDDED;
 
-fn register_font() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
-    });
-}
-
-fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+pub(crate) fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing: {e:?}")
 }
 
 /// Renders into an RGB buffer, then writes the PNG atomically.
-fn render_png(
+pub(crate) fn render_png(
     path: &Path,
     w: u32,
     h: u32,
     draw: impl FnOnce(DrawingArea<BitMapBackend, plotters::coord::Shift>) -> Result<()>,
 ) -> Result<()> {
-    register_font();
+    atomic::write_file(path, &render_png_bytes(w, h, draw)?)
+}
+
+/// Renders into an RGB buffer: the PNG file's bytes.
+pub(crate) fn render_png_bytes(
+    w: u32,
+    h: u32,
+    draw: impl FnOnce(DrawingArea<BitMapBackend, plotters::coord::Shift>) -> Result<()>,
+) -> Result<Vec<u8>> {
+    fonts::embedded();
     let mut buf = vec![255u8; (w * h * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
@@ -44,12 +47,12 @@ fn render_png(
     let img = image::RgbImage::from_raw(w, h, buf).ok_or_else(|| anyhow!("image buffer size"))?;
     let mut png = Vec::new();
     img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)?;
-    atomic::write_file(path, &png)
+    Ok(png)
 }
 
-type Series<'a> = (&'a str, Vec<(f64, f64)>, RGBColor);
+pub(crate) type Series<'a> = (&'a str, Vec<(f64, f64)>, RGBColor);
 
-fn panel(
+pub(crate) fn panel(
     area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
     title: &str,
     y_label: &str,
@@ -108,9 +111,14 @@ fn panel(
 
 /// `curves.png`: loss, accuracy and learning rate per epoch, three panels side by side.
 pub fn training_curves(path: &Path, rows: &[EpochRow]) -> Result<()> {
+    atomic::write_file(path, &training_curves_png(rows)?)
+}
+
+/// `training_curves`' PNG bytes.
+pub fn training_curves_png(rows: &[EpochRow]) -> Result<Vec<u8>> {
     let pts = |f: fn(&EpochRow) -> f64| rows.iter().map(|r| (r.epoch as f64, f(r))).collect::<Vec<_>>();
     let n = rows.last().map(|r| r.epoch).unwrap_or(1);
-    render_png(path, 1500, 450, |root| {
+    render_png_bytes(1500, 450, |root| {
         let areas = root.split_evenly((1, 3));
         let loss = [
             ("train", pts(|r| r.train_loss), BLUE),
@@ -154,19 +162,25 @@ pub const NAMED_CLASSES: usize = 40;
 /// (recall on the diagonal), each cell shows its count. Past `NAMED_CLASSES` classes, the
 /// compact form (`compact_heatmap`).
 pub fn confusion_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize>], title: &str) -> Result<()> {
+    atomic::write_file(path, &confusion_heatmap_png(classes, confusion, title)?)
+}
+
+/// `confusion_heatmap`'s PNG bytes.
+pub fn confusion_heatmap_png(classes: &[String], confusion: &[Vec<usize>], title: &str) -> Result<Vec<u8>> {
+    let font = fonts::family_for(classes.iter().map(String::as_str).chain([title]));
     if classes.len() > NAMED_CLASSES {
-        return compact_heatmap(path, classes, confusion, title);
+        return compact_heatmap(font, classes, confusion, title);
     }
     let k = classes.len().max(1);
     let cell = (640 / k).clamp(28, 80) as i32;
-    let label_w = (classes.iter().map(|c| c.len()).max().unwrap_or(4) as i32 * 7 + 16).max(80);
+    let label_w = (classes.iter().map(|c| label_width(c)).max().unwrap_or(28) + 16).max(80);
     let (left, top) = (label_w + 30, 60);
     let (w, h) = (
         (left + cell * k as i32 + 40) as u32,
         (top + cell * k as i32 + label_w + 40) as u32,
     );
-    render_png(path, w, h, |root| {
-        let text = |size: i32| TextStyle::from((FONT, size).into_font()).color(&BLACK);
+    render_png_bytes(w, h, |root| {
+        let text = |size: i32| TextStyle::from((font, size).into_font()).color(&BLACK);
         root.draw(&Text::new(title.to_string(), (left, 20), text(20)))
             .map_err(err)?;
         let centred = |size| text(size).pos(Pos::new(HPos::Center, VPos::Center));
@@ -219,6 +233,11 @@ pub fn confusion_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize
     })
 }
 
+/// About how wide `name` is at 14 px: CJK and other wide characters take twice a Latin one.
+fn label_width(name: &str) -> i32 {
+    name.chars().map(|c| if (c as u32) >= 0x1100 { 14 } else { 7 }).sum()
+}
+
 /// White → dark blue as `share` goes from 0 to 1.
 fn blue(share: f64) -> RGBColor {
     RGBColor(
@@ -237,15 +256,15 @@ const LISTED_PAIRS: usize = 30;
 /// the axes ticked by class index; beside it, by name, the most confused pairs with their
 /// counts. The picture shows where errors cluster (similar classes sit together in most class
 /// lists), the list which ones matter; confusion.csv holds every cell.
-fn compact_heatmap(path: &Path, classes: &[String], confusion: &[Vec<usize>], title: &str) -> Result<()> {
+fn compact_heatmap(font: &str, classes: &[String], confusion: &[Vec<usize>], title: &str) -> Result<Vec<u8>> {
     let k = classes.len();
     let cell = (1200 / k).max(1) as i32;
     let side = cell * k as i32;
     let (left, top, list_w) = (70, 60, 560);
     let pairs = crate::report::classification::most_confused(confusion, LISTED_PAIRS);
     let (w, h) = ((left + side + 40 + list_w) as u32, (top + side.max(20 * LISTED_PAIRS as i32 + 40) + 50) as u32);
-    render_png(path, w, h, |root| {
-        let text = |size: i32| TextStyle::from((FONT, size).into_font()).color(&BLACK);
+    render_png_bytes(w, h, |root| {
+        let text = |size: i32| TextStyle::from((font, size).into_font()).color(&BLACK);
         root.draw(&Text::new(format!("{title} ({k} classes)"), (left, 20), text(20)))
             .map_err(err)?;
         for (t, row) in confusion.iter().enumerate() {

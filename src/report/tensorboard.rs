@@ -1,9 +1,11 @@
 //! A TensorBoard event-file writer: the TFRecord framing (length, masked CRC32C, payload, masked
-//! CRC32C) around hand-encoded `Event` protobufs. Only what ringtrain logs: scalars and text.
+//! CRC32C) around hand-encoded `Event` protobufs. Only what ringtrain logs: scalars, text and
+//! images.
 //!
 //! Event      { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
 //! Summary    { repeated Value value = 1; }
-//! Value      { string tag = 1; float simple_value = 2; TensorProto tensor = 8; SummaryMetadata metadata = 9; }
+//! Value      { string tag = 1; float simple_value = 2; Image image = 4; TensorProto tensor = 8; SummaryMetadata metadata = 9; }
+//! Image      { int32 height = 1; int32 width = 2; int32 colorspace = 3; bytes encoded_image_string = 4; }
 //! SummaryMetadata { PluginData plugin_data = 1; }  PluginData { string plugin_name = 1; }
 //! TensorProto { DataType dtype = 1 (DT_STRING = 7); TensorShapeProto tensor_shape = 2; repeated bytes string_val = 8; }
 use std::fs::File;
@@ -113,6 +115,23 @@ impl EventWriter {
         bytes_field(&mut v, 1, tag.as_bytes());
         bytes_field(&mut v, 8, &tensor);
         bytes_field(&mut v, 9, &metadata);
+        let mut summary = Vec::new();
+        bytes_field(&mut summary, 1, &v);
+        self.record(&event(step, |e| bytes_field(e, 5, &summary)))
+    }
+
+    /// An image summary (TensorBoard's Images tab): a PNG or JPEG file's bytes of
+    /// `width`×`height` RGB pixels.
+    pub fn image(&mut self, tag: &str, encoded: &[u8], width: u32, height: u32, step: i64) -> Result<()> {
+        let mut image = Vec::new();
+        for (field, value) in [(1, height as u64), (2, width as u64), (3, 3)] {
+            key(&mut image, field, 0);
+            varint(&mut image, value);
+        }
+        bytes_field(&mut image, 4, encoded);
+        let mut v = Vec::new();
+        bytes_field(&mut v, 1, tag.as_bytes());
+        bytes_field(&mut v, 4, &image);
         let mut summary = Vec::new();
         bytes_field(&mut summary, 1, &v);
         self.record(&event(step, |e| bytes_field(e, 5, &summary)))

@@ -72,6 +72,11 @@ pub fn f64_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Erro
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
+/// `f64_or_nan` for a list of f32 (per-image losses); a missing list is empty.
+pub fn f32s_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+    Ok(Vec::<Option<f32>>::deserialize(d)?.into_iter().map(|v| v.unwrap_or(f32::NAN)).collect())
+}
+
 /// How far an unfinished epoch went, so a resumed run takes exactly the remaining steps and
 /// reports the same epoch figures. Sums are over all ranks.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -234,5 +239,13 @@ mod tests {
         let back: EpochPosition = serde_json::from_str(&json).unwrap();
         assert!(back.loss_sum.is_nan());
         assert_eq!((back.steps, back.correct), (3, 2.0));
+        // An image's NaN loss likewise; an evaluation saved before per-image losses were kept loads.
+        let ev = crate::train::eval::EvalResult { losses: vec![0.5, f32::NAN], confidence: vec![0.9, f32::NAN], ..Default::default() };
+        let back: crate::train::eval::EvalResult = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();
+        assert_eq!(back.losses[0], 0.5);
+        assert!(back.losses[1].is_nan() && back.confidence[1].is_nan());
+        let old: crate::train::eval::EvalResult =
+            serde_json::from_str(r#"{"loss":1.0,"top1":0.5,"top5":1.0,"targets":[0],"preds":[1],"skipped":[]}"#).unwrap();
+        assert!(old.losses.is_empty() && old.indices.is_empty());
     }
 }

@@ -1,5 +1,5 @@
-//! Evaluation over a loader: mean cross-entropy, top-1, top-5, and every prediction (for the
-//! classification report).
+//! Evaluation over a loader: mean cross-entropy, top-1, top-5, and every prediction with its
+//! sample, loss and confidence (for the classification report and the worst images).
 use anyhow::Result;
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -21,6 +21,15 @@ pub struct EvalResult {
     /// written before the rename name it `skipped`.)
     #[serde(alias = "skipped")]
     pub unreadable: Vec<(std::path::PathBuf, String)>,
+    /// Per prediction, in the order of `targets`: the sample's index in the loader's samples,
+    /// its cross-entropy, and the softmax probability of the predicted class. (Empty in
+    /// checkpoints written before they were kept.)
+    #[serde(default)]
+    pub indices: Vec<usize>,
+    #[serde(default, deserialize_with = "crate::train::checkpoint::f32s_or_nan")]
+    pub losses: Vec<f32>,
+    #[serde(default, deserialize_with = "crate::train::checkpoint::f32s_or_nan")]
+    pub confidence: Vec<f32>,
 }
 
 /// Evaluates this process's shard of `loader`; the sums and every prediction are combined over
@@ -34,7 +43,8 @@ pub fn evaluate(
 ) -> Result<EvalResult> {
     let mut loss_sum: Option<Tensor> = None;
     let mut top5_sum: Option<Tensor> = None;
-    let (mut targets, mut preds) = (Vec::new(), Vec::new());
+    let (mut targets, mut preds, mut indices) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut losses, mut confidence) = (Vec::new(), Vec::new());
     let unreadable = tch::no_grad(|| {
         loader.each_readable_batch(|batch| {
             let x = normalize.apply(&batch.images);
@@ -43,6 +53,8 @@ pub fn evaluate(
             let loss = logits
                 .cross_entropy_loss::<Tensor>(&y, None, Reduction::Sum, -100, 0.0)
                 .to_kind(Kind::Double);
+            losses.push(logits.cross_entropy_loss::<Tensor>(&y, None, Reduction::None, -100, 0.0));
+            confidence.push(logits.softmax(1, Kind::Float).amax([1i64].as_slice(), false));
             let k = logits.size()[1].min(5);
             let (_, topk) = logits.topk(k, 1, true, true);
             let hits = topk.eq_tensor(&y.unsqueeze(1)).any_dim(1, false).sum(Kind::Int64);
@@ -50,6 +62,7 @@ pub fn evaluate(
             top5_sum = Some(top5_sum.take().map_or(hits.shallow_clone(), |s| s + &hits));
             preds.push(topk.select(1, 0));
             targets.extend(Vec::<i64>::try_from(&batch.labels)?);
+            indices.extend(batch.indices.iter().map(|&i| i as i64));
             Ok(())
         })
     })?;
@@ -62,6 +75,9 @@ pub fn evaluate(
     let (loss_sum, top5) = (sums[0], sums[1]);
     let targets = pg.all_gather_values(&targets)?.concat();
     let preds = pg.all_gather_values(&preds)?.concat();
+    let indices = pg.all_gather_values(&indices)?.concat().into_iter().map(|i| i as usize).collect();
+    let losses = gather_f32(pg, losses)?;
+    let confidence = gather_f32(pg, confidence)?;
     let n = targets.len().max(1) as f64;
     let correct = targets.iter().zip(&preds).filter(|(t, p)| t == p).count();
     Ok(EvalResult {
@@ -71,5 +87,19 @@ pub fn evaluate(
         targets,
         preds,
         unreadable,
+        indices,
+        losses,
+        confidence,
     })
+}
+
+/// Per-batch values on the device → every rank's, in rank order (as bit patterns: the gather
+/// takes non-negative integers).
+fn gather_f32(pg: &ProcessGroup, parts: Vec<Tensor>) -> Result<Vec<f32>> {
+    let mine: Vec<f32> = match parts.is_empty() {
+        true => Vec::new(),
+        false => Vec::<f32>::try_from(Tensor::cat(&parts, 0).to_kind(Kind::Float).to_device(Device::Cpu))?,
+    };
+    let bits: Vec<i64> = mine.iter().map(|v| v.to_bits() as i64).collect();
+    Ok(pg.all_gather_values(&bits)?.concat().into_iter().map(|b| f32::from_bits(b as u32)).collect())
 }

@@ -8,6 +8,7 @@ pub mod dataset;
 pub mod divergence;
 pub mod ema;
 pub mod eval;
+pub mod lr_find;
 pub mod meter;
 pub mod optim;
 pub mod reporter;
@@ -115,5 +116,5 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             break;
         }
     }
-    out.finish(&state, &run_dir)
+    out.finish(&state, &run_dir, data.val.samples())
 }

@@ -12,13 +12,18 @@ use super::state::{RunState, Validation};
 use super::trainer::Trainer;
 use super::RunSummary;
 use crate::config::TrainConfig;
+use crate::data::source::Samples;
 use crate::report::progress::EpochProgress;
+use crate::report::{plots, thumbnails, worst};
 use crate::report::tensorboard::EventWriter;
 use crate::say;
 
 pub struct Reporter {
     /// TensorBoard events, on rank 0.
     tb: Option<EventWriter>,
+    /// For TensorBoard's pictures of each validation.
+    classes: Vec<String>,
+    val: Samples,
     progress: Option<EpochProgress>,
     epochs: usize,
     log_every: usize,
@@ -79,6 +84,8 @@ impl Reporter {
         say!("data: {}", data.note);
         Ok(Reporter {
             tb,
+            classes: data.classes.clone(),
+            val: data.val.samples().clone(),
             progress: None,
             epochs: cfg.epochs,
             log_every: cfg.log_every,
@@ -157,13 +164,14 @@ impl Reporter {
             if let Some(e2) = &val.ema {
                 tb.scalar("epoch/ema_val_top1", e2.top1, e)?;
             }
+            validation_images(tb, &self.classes, &self.val, val, e)?;
             tb.flush()?;
         }
         say!(
             "epoch {}/{} {} | train loss {:.4} top1 {:.2}% | val loss {:.4} top1 {:.2}% top5 {:.2}%{} | lr {:.5} | {:.0} img/s{} | best {} {:.4} (epoch {})",
             row.epoch,
             self.epochs,
-            fmt_duration(row.seconds),
+            crate::report::duration(row.seconds),
             row.train_loss,
             100.0 * row.train_top1,
             ev.loss,
@@ -197,13 +205,13 @@ impl Reporter {
     }
 
     /// The run's end: the best epoch's report written, and the last line.
-    pub fn finish(&mut self, state: &RunState, run_dir: &RunDir) -> Result<RunSummary> {
-        let report = run_dir.write_final_report(state)?;
+    pub fn finish(&mut self, state: &RunState, run_dir: &RunDir, val: &Samples) -> Result<RunSummary> {
+        let report = run_dir.write_final_report(state, val)?;
         let (best_epoch, _) = state.best.expect("at least one epoch ran");
         let best_top1 = state.best_eval.as_ref().map_or(0.0, |e| e.top1);
         say!(
             "done in {}: best {} at epoch {best_epoch} (val top1 {:.2}%); run directory {}",
-            fmt_duration(self.started.elapsed().as_secs_f64()),
+            crate::report::duration(self.started.elapsed().as_secs_f64()),
             self.monitor,
             100.0 * best_top1,
             run_dir.path.display()
@@ -216,23 +224,20 @@ impl Reporter {
     }
 }
 
-fn fmt_duration(s: f64) -> String {
-    let s = s.round() as u64;
-    match (s / 3600, (s % 3600) / 60, s % 60) {
-        (0, 0, s) => format!("{s}s"),
-        (0, m, s) => format!("{m}m{s:02}s"),
-        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
-    }
-}
+/// Validation images in TensorBoard's grid of the highest losses.
+const WORST_IN_TENSORBOARD: usize = 16;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_as_h_m_s() {
-        assert_eq!(fmt_duration(5.2), "5s");
-        assert_eq!(fmt_duration(65.0), "1m05s");
-        assert_eq!(fmt_duration(3725.0), "1h02m05s");
+/// The epoch's confusion matrix and a grid of its highest-loss validation images, as
+/// TensorBoard image summaries.
+fn validation_images(tb: &mut EventWriter, classes: &[String], samples: &Samples, val: &Validation, epoch: i64) -> Result<()> {
+    let title = format!("validation, epoch {epoch}");
+    let png = plots::confusion_heatmap_png(classes, &val.report.confusion, &title)?;
+    let (w, h) = image::ImageReader::new(std::io::Cursor::new(&png)).with_guessed_format()?.into_dimensions()?;
+    tb.image("val/confusion_matrix", &png, w, h, epoch)?;
+    let worst: Vec<_> = worst::by_loss(&val.model).into_iter().take(WORST_IN_TENSORBOARD).collect();
+    if !worst.is_empty() {
+        let grid = thumbnails::worst_grid(samples, &worst, classes, 4)?;
+        tb.image("val/highest_loss_images", &thumbnails::jpeg(&grid)?, grid.width(), grid.height(), epoch)?;
     }
+    Ok(())
 }

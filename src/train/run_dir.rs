@@ -17,7 +17,10 @@ use super::trainer::Trainer;
 use crate::atomic;
 use crate::config::TrainConfig;
 use crate::error::user_error;
+use crate::data::source::Samples;
 use crate::report::classification::ClassificationReport;
+use crate::report::page::command_line;
+use crate::report::PageContext;
 use crate::report::metrics_csv;
 use crate::report::plots;
 use crate::say;
@@ -136,8 +139,9 @@ impl RunDir {
         metrics_csv::write(&self.path.join("metrics.csv"), &state.history)
     }
 
-    /// The best epoch's report (report.txt, metrics.json, confusion matrix) in the run directory.
-    pub fn write_final_report(&self, state: &RunState) -> Result<ClassificationReport> {
+    /// The best epoch's report (report.txt, metrics.json, confusion matrix, predictions.csv,
+    /// report.html) in the run directory. `val`: the validation samples the evaluation indexes.
+    pub fn write_final_report(&self, state: &RunState, val: &Samples) -> Result<ClassificationReport> {
         let classes = &self.classes;
         let (best_epoch, _) = state.best.expect("at least one epoch ran");
         let best = state.best_eval.as_ref().expect("kept with best");
@@ -148,6 +152,13 @@ impl RunDir {
                 best,
                 &format!("{} — validation, best epoch {best_epoch}", self.cfg.model),
                 [("restarts".to_string(), self.restarts.into())].into_iter().collect(),
+                &PageContext {
+                    path: &self.path.join("report.html"),
+                    command: command_line(),
+                    config_toml: self.cfg.to_toml()?,
+                    history: &state.history,
+                    samples: Some(val),
+                },
             ),
             false => Ok(ClassificationReport::new(classes, &best.targets, &best.preds)),
         }
@@ -204,6 +215,8 @@ fn remove_earlier_run(run_dir: &Path) -> Result<()> {
                 "metrics.json",
                 "confusion.csv",
                 "confusion.png",
+                "predictions.csv",
+                "report.html",
                 "metrics.csv",
                 "curves.png",
                 super::data_record::FILE,

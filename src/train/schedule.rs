@@ -21,6 +21,24 @@ pub struct LrSchedule {
     milestones: Vec<usize>,
     constant_from_step: Option<usize>,
     constant_lr: f64,
+    /// lr-find's exponential ramp, which replaces everything above.
+    ramp: Option<ExpRamp>,
+}
+
+/// The learning-rate range test's ramp: step i of n takes start·(end/start)^(i/(n-1)), so the
+/// LR grows by the same factor every step, from `start` at the first to `end` at the last.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpRamp {
+    pub start: f64,
+    pub end: f64,
+    pub steps: usize,
+}
+
+impl ExpRamp {
+    pub fn lr_at(&self, step: usize) -> f64 {
+        let t = step as f64 / (self.steps.max(2) - 1) as f64;
+        self.start * (self.end / self.start).powf(t)
+    }
 }
 
 impl LrSchedule {
@@ -38,12 +56,24 @@ impl LrSchedule {
             milestones: cfg.milestones.clone(),
             constant_from_step: cfg.constant_lr_from_epoch.map(|e| (e - 1) * spe),
             constant_lr: cfg.constant_lr.unwrap_or(cfg.eta_min),
+            ramp: None,
+        }
+    }
+
+    /// The schedule of lr-find: `ramp` alone.
+    pub fn ramp(cfg: &TrainConfig, ramp: ExpRamp) -> Self {
+        LrSchedule {
+            ramp: Some(ramp),
+            ..LrSchedule::new(cfg, 1)
         }
     }
 
     /// The learning rate for global step `step` (0-based); `plateau` scales it for
     /// ReduceLROnPlateau (1 otherwise).
     pub fn lr_at(&self, step: usize, plateau: &PlateauState) -> f64 {
+        if let Some(r) = &self.ramp {
+            return r.lr_at(step);
+        }
         if self.constant_from_step.is_some_and(|s| step >= s) {
             return self.constant_lr;
         }

@@ -215,6 +215,11 @@ impl Trainer {
         self.pg().device
     }
 
+    /// Replaces the LR schedule made from the config (lr-find's ramp).
+    pub fn set_schedule(&mut self, sched: LrSchedule) {
+        self.sched = sched;
+    }
+
     /// The learning rate of the next optimizer step.
     pub fn lr(&self, state: &RunState) -> f64 {
         self.sched.lr_at(state.global_step, &state.plateau)
