@@ -31,11 +31,11 @@ fn colours(root: &Path, per_class: usize, first: u64) {
     }
 }
 
-/// predictions.csv: path → (true class, predicted class, confidence, loss as written).
+/// predictions.csv: path → (true class, predicted class, its probability, loss as written).
 fn predictions(path: &Path) -> HashMap<String, (String, String, f64, String)> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("path,true_class,predicted_class,confidence,loss"));
+    assert_eq!(lines.next(), Some("path,label,predicted,probability,loss"));
     lines
         .map(|l| {
             let f: Vec<&str> = l.split(',').collect();
@@ -74,7 +74,7 @@ fn open_in_chromium(page: &Path, work: &Path) -> (Vec<String>, String) {
     std::fs::write(&checked, html.replace("</body>", &format!("{check}</body>"))).unwrap();
     let shot = work.join("report.png");
     let o = Command::new("chromium")
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"])
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--enable-logging=stderr", "--v=0"])
         .arg(format!("--screenshot={}", shot.display()))
         .arg("--window-size=1400,2400")
         .arg(format!("file://{}", checked.display()))

@@ -1,4 +1,4 @@
-//! Which font draws the pictures' text. Class names come in any script (Chinese weed names,
+//! Which font draws the pictures' text. Class names (and run names) come in any script (Chinese weed names,
 //! Cyrillic, Arabic, accents); the DejaVu Sans compiled into the binary covers Latin, Greek and
 //! Cyrillic but no CJK, whose characters it would draw as empty boxes. So for text with
 //! characters it lacks, the system's fonts are searched: fontconfig's own ranking
@@ -68,7 +68,7 @@ fn warning(gaps: &[char]) -> Option<String> {
     let shown: String = gaps.iter().take(12).collect();
     let more = if gaps.len() > 12 { format!(" and {} more", gaps.len() - 12) } else { String::new() };
     Some(format!(
-        "warning: no font on this machine draws the characters {shown}{more} of the class names: the pictures show them as boxes (install a font that has them, e.g. Debian's fonts-noto-cjk for Chinese, Japanese and Korean)"
+        "warning: no font on this machine draws the characters {shown}{more} (in class or run names): the pictures show them as boxes (install a font that has them, e.g. Debian's fonts-noto-cjk for Chinese, Japanese and Korean)"
     ))
 }
 
@@ -251,7 +251,7 @@ mod tests {
         assert_eq!(gaps, ['𐀀']);
         assert_ne!(family, EMBEDDED, "a font with the Chinese characters is still chosen");
         let line = warning(&gaps).unwrap();
-        assert!(line.starts_with("warning: no font on this machine draws the characters 𐀀 of the class names"), "{line}");
+        assert!(line.starts_with("warning: no font on this machine draws the characters 𐀀 (in class or run names)"), "{line}");
         assert!(!line.contains('\n'));
         assert_eq!(warning(&[]), None);
         assert_eq!(choose(["Fat_Hen"]), (EMBEDDED, vec![]));

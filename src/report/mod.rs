@@ -72,37 +72,34 @@ pub fn write_evaluation(
     let confusion_png = plots::confusion_heatmap_png(classes, &report.confusion, title)?;
     atomic::write_file(&dir.join("confusion.png"), &confusion_png)?;
     if !ev.losses.is_empty() {
-        atomic::write_file(&dir.join("predictions.csv"), predictions_csv(classes, ev, page.samples).as_bytes())?;
+        atomic::write_file(&dir.join("predictions.csv"), &predictions_csv(classes, ev, page.samples)?)?;
     }
     page::write(page, title, classes, ev, &report, &confusion_png)?;
     Ok(report)
 }
 
-/// One row per evaluated image, in sample order: path, true class, predicted class, the
-/// predicted class's probability, the loss.
-fn predictions_csv(classes: &[String], ev: &EvalResult, samples: Option<&Samples>) -> String {
+/// One row per evaluated image, in sample order, with `predict`'s column names: path, label
+/// (the true class), predicted, probability (of the predicted class), loss. Numbers in their
+/// shortest text that reads back as the same f32.
+fn predictions_csv(classes: &[String], ev: &EvalResult, samples: Option<&Samples>) -> Result<Vec<u8>> {
     let mut rows: Vec<usize> = (0..ev.targets.len()).collect();
     rows.sort_by_key(|&j| ev.indices.get(j));
-    let quote = |s: &str| match s.contains([',', '"', '\n']) {
-        true => format!("\"{}\"", s.replace('"', "\"\"")),
-        false => s.to_string(),
-    };
-    let mut s = String::from("path,true_class,predicted_class,confidence,loss\n");
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(["path", "label", "predicted", "probability", "loss"])?;
     for j in rows {
         let path = match (samples, ev.indices.get(j)) {
             (Some(samples), Some(&i)) => samples.path(i).display().to_string(),
             _ => String::new(),
         };
-        s += &format!(
-            "{},{},{},{},{}\n",
-            quote(&path),
-            quote(&classes[ev.targets[j] as usize]),
-            quote(&classes[ev.preds[j] as usize]),
-            ev.confidence.get(j).copied().unwrap_or(f32::NAN),
-            ev.losses[j]
-        );
+        w.write_record([
+            path,
+            classes[ev.targets[j] as usize].clone(),
+            classes[ev.preds[j] as usize].clone(),
+            ev.confidence.get(j).copied().unwrap_or(f32::NAN).to_string(),
+            ev.losses[j].to_string(),
+        ])?;
     }
-    s
+    Ok(w.into_inner()?)
 }
 
 #[cfg(test)]

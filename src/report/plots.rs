@@ -70,8 +70,10 @@ pub(crate) fn panel(
     } else {
         (0.0, 1.0)
     };
+    // Series names may be run directories in any script (`compare`).
+    let font = fonts::family_for(series.iter().map(|s| s.0).chain([title, y_label]));
     let mut chart = ChartBuilder::on(area)
-        .caption(title, (FONT, 22))
+        .caption(title, (font, 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -81,8 +83,8 @@ pub(crate) fn panel(
         .configure_mesh()
         .x_desc("epoch")
         .y_desc(y_label)
-        .label_style((FONT, 14))
-        .axis_desc_style((FONT, 15))
+        .label_style((font, 14))
+        .axis_desc_style((font, 15))
         .x_labels(epochs.clamp(2, 10))
         .x_label_formatter(&|x| format!("{x:.0}"))
         .draw()
@@ -100,7 +102,7 @@ pub(crate) fn panel(
     }
     chart
         .configure_series_labels()
-        .label_font((FONT, 14))
+        .label_font((font, 14))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .position(legend)

@@ -116,5 +116,5 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             break;
         }
     }
-    out.finish(&state, &run_dir, data.val.samples())
+    out.finish(&state, &run_dir)
 }

@@ -21,7 +21,7 @@ use crate::say;
 pub struct Reporter {
     /// TensorBoard events, on rank 0.
     tb: Option<EventWriter>,
-    /// For TensorBoard's pictures of each validation.
+    /// For the pictures of the validations (TensorBoard's, report.html's).
     classes: Vec<String>,
     val: Samples,
     progress: Option<EpochProgress>,
@@ -205,8 +205,8 @@ impl Reporter {
     }
 
     /// The run's end: the best epoch's report written, and the last line.
-    pub fn finish(&mut self, state: &RunState, run_dir: &RunDir, val: &Samples) -> Result<RunSummary> {
-        let report = run_dir.write_final_report(state, val)?;
+    pub fn finish(&mut self, state: &RunState, run_dir: &RunDir) -> Result<RunSummary> {
+        let report = run_dir.write_final_report(state, &self.val)?;
         let (best_epoch, _) = state.best.expect("at least one epoch ran");
         let best_top1 = state.best_eval.as_ref().map_or(0.0, |e| e.top1);
         say!(
