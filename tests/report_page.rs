@@ -189,7 +189,7 @@ fn the_page_opens_in_a_browser_and_its_worst_images_show_a_flipped_label_with_ev
             assert_eq!(e[3], serde_json::json!([e[1], e[2]]), "{tag}: the PNG's size is the one recorded");
         }
     }
-    // 16 images in 4 columns of 128 px, each with two caption lines.
-    assert_eq!(tb["val/highest_loss_images"][0][1], 512);
+    // 16 images in 4 columns of 160 px, each a 128 px picture over two caption lines.
+    assert_eq!(tb["val/highest_loss_images"][0][1], 4 * 160);
     assert_eq!(tb["val/highest_loss_images"][0][2], 4 * (128 + 34));
 }

@@ -44,8 +44,9 @@ pub fn data_uri(mime: &str, bytes: &[u8]) -> String {
     format!("data:{mime};base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
-/// Side of a grid cell's picture, and the height of its two caption lines.
-const CELL: u32 = 128;
+/// A grid cell: its width, its picture's side, and the height of its two caption lines.
+const CELL_W: u32 = 160;
+const PICTURE: u32 = 128;
 const CAPTION: u32 = 34;
 
 /// The images of `worst` in a grid of `columns`, each captioned with its true class, its
@@ -53,13 +54,14 @@ const CAPTION: u32 = 34;
 pub fn worst_grid(samples: &Samples, worst: &[Entry], classes: &[String], columns: usize) -> Result<RgbImage> {
     let columns = columns.clamp(1, worst.len().max(1));
     let rows = worst.len().div_ceil(columns).max(1);
-    let (w, h) = (columns as u32 * CELL, rows as u32 * (CELL + CAPTION));
+    let (w, h) = (columns as u32 * CELL_W, rows as u32 * (PICTURE + CAPTION));
+    let corner = |k: usize| ((k % columns) as u32 * CELL_W, (k / columns) as u32 * (PICTURE + CAPTION));
     let mut grid = RgbImage::from_pixel(w, h, image::Rgb([255, 255, 255]));
     let picks: Vec<usize> = worst.iter().map(|e| e.sample).collect();
-    for (k, thumb) in thumbnails(samples, &picks, CELL).into_iter().enumerate() {
+    for (k, thumb) in thumbnails(samples, &picks, PICTURE).into_iter().enumerate() {
         if let Some(t) = thumb {
-            let (x, y) = ((k % columns) as u32 * CELL, (k / columns) as u32 * (CELL + CAPTION));
-            let (dx, dy) = ((CELL - t.width()) / 2, (CELL - t.height()) / 2);
+            let (x, y) = corner(k);
+            let (dx, dy) = ((CELL_W - t.width()) / 2, (PICTURE - t.height()) / 2);
             image::imageops::overlay(&mut grid, &t, (x + dx) as i64, (y + dy) as i64);
         }
     }
@@ -69,17 +71,15 @@ pub fn worst_grid(samples: &Samples, worst: &[Entry], classes: &[String], column
         let root = BitMapBackend::with_buffer(&mut *grid, (w, h)).into_drawing_area();
         let err = |e| anyhow!("drawing: {e:?}");
         for (k, e) in worst.iter().enumerate() {
-            let (x, y) = ((k % columns) as i32 * CELL as i32, (k / columns) as i32 * (CELL + CAPTION) as i32 + CELL as i32);
+            // The caption's own area: a long name is cut at the cell's edge, not drawn over the next.
+            let (x, y) = corner(k);
+            let cell = root.clone().shrink((x, y + PICTURE), (CELL_W, CAPTION));
             let style = TextStyle::from((font, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Top));
             let red = if e.target != e.pred { RGBColor(190, 0, 0) } else { RGBColor(0, 110, 0) };
-            root.draw(&Text::new(format!("true {}", short(&classes[e.target])), (x + 3, y + 2), style.color(&BLACK)))
+            cell.draw(&Text::new(format!("true {}", short(&classes[e.target])), (3, 2), style.color(&BLACK)))
                 .map_err(err)?;
-            root.draw(&Text::new(
-                format!("pred {} {:.2}", short(&classes[e.pred]), e.confidence),
-                (x + 3, y + 17),
-                style.color(&red),
-            ))
-            .map_err(err)?;
+            cell.draw(&Text::new(format!("pred {} {:.2}", short(&classes[e.pred]), e.confidence), (3, 17), style.color(&red)))
+                .map_err(err)?;
         }
         root.present().map_err(err)?;
     }
