@@ -164,6 +164,21 @@ fn the_page_opens_in_a_browser_and_its_worst_images_show_a_flipped_label_with_ev
         assert_eq!(row.1, ours[path].1, "{path}: the same prediction");
     }
 
+    // The same images from a raw pack (decoded pixels, not files): the page shows them too.
+    let pack = d.path().join("val.pack");
+    let o = common::ringtrain(&common::argv("pack --store raw --data {} --out {}", &[&val, &pack]));
+    assert!(o.status.success(), "{}", common::text(&o));
+    let packed_page = d.path().join("packed");
+    let o = common::ringtrain(&common::argv(
+        "eval --checkpoint {} --data {} --report {} --out {} --device cpu",
+        &[&run.join("best"), &pack, &packed_page, &d.path().join("eval-packed")],
+    ));
+    assert!(o.status.success(), "{}", common::text(&o));
+    let packed = std::fs::read_to_string(packed_page.join("report.html")).unwrap();
+    let first = &figures(&packed, "top-losses")[0];
+    assert_eq!(first.0, pack.join(CLASSES[0]).join("flipped.png").display().to_string());
+    assert_eq!(packed.matches("<img alt=").count(), top.len() + per_class.len() + pairs.len(), "every thumbnail, from the pack");
+
     // A real browser: no console message but the check's, every image loaded, every section.
     let (console, line) = open_in_chromium(&run.join("report.html"), d.path());
     assert_eq!(console.len(), 1, "console messages: {console:#?}");

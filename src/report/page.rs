@@ -42,7 +42,7 @@ pub fn write(
     report: &ClassificationReport,
     confusion_png: &[u8],
 ) -> Result<()> {
-    let worst = Worst::of(ev, classes.len(), Counts::PAGE);
+    let worst = Worst::of(ev, &report.confusion, Counts::PAGE);
     let mut h = String::with_capacity(1 << 20);
     let _ = write!(
         h,

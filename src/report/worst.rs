@@ -77,19 +77,16 @@ pub fn by_loss(ev: &EvalResult) -> Vec<Entry> {
 }
 
 impl Worst {
-    pub fn of(ev: &EvalResult, classes: usize, n: Counts) -> Worst {
+    /// `confusion`: the evaluation's confusion matrix (`confusion[true][pred]`), for the pairs.
+    pub fn of(ev: &EvalResult, confusion: &[Vec<usize>], n: Counts) -> Worst {
         let all = by_loss(ev);
-        let mut per_class = vec![Vec::new(); classes];
+        let mut per_class = vec![Vec::new(); confusion.len()];
         for e in &all {
             if per_class[e.target].len() < n.per_class {
                 per_class[e.target].push(*e);
             }
         }
-        let mut confusion = vec![vec![0usize; classes]; classes];
-        for e in &all {
-            confusion[e.target][e.pred] += 1;
-        }
-        let pairs = most_confused(&confusion, n.pairs)
+        let pairs = most_confused(confusion, n.pairs)
             .into_iter()
             .map(|(target, pred, count)| Pair {
                 target,
@@ -114,6 +111,7 @@ impl Worst {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::classification::ClassificationReport;
 
     #[test]
     fn highest_losses_overall_per_class_and_per_pair() {
@@ -126,9 +124,11 @@ mod tests {
             indices: (10..16).collect(),
             ..Default::default()
         };
+        let classes: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let confusion = ClassificationReport::new(&classes, &ev.targets, &ev.preds).confusion;
         let w = Worst::of(
             &ev,
-            3,
+            &confusion,
             Counts {
                 overall: 3,
                 per_class: 1,
@@ -143,6 +143,6 @@ mod tests {
         // Three pairs of one each, ties by (true, predicted): 0→1, 1→0 (2→0 left out).
         assert_eq!(w.pairs.iter().map(|p| (p.target, p.pred, p.count)).collect::<Vec<_>>(), [(0, 1, 1), (1, 0, 1)]);
         assert_eq!(samples(&w.pairs[1].examples), [12]);
-        assert!(Worst::of(&EvalResult { targets: vec![0], preds: vec![0], ..Default::default() }, 1, Counts::PAGE).is_empty());
+        assert!(Worst::of(&EvalResult { targets: vec![0], preds: vec![0], ..Default::default() }, &[vec![1]], Counts::PAGE).is_empty());
     }
 }
