@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU battery: every CUDA path of ringtrain checked, then the speed figures against PyTorch
 # (ResNet-50 b256 224 px and ResNet-18-cifar b512 32 px in bf16 and fp16, ringtrain's defaults,
-# torch.compile, the input pipeline end to end), into one log and one JSON file; written to fit 10
-# minutes on one H100 (--only correctness / --only speed split it). From a repository, a bundle
+# torch.compile, the input pipeline end to end), into one log and one JSON file. On one H200 the
+# correctness part takes about 5 minutes and the speed part about 12 (name its checks with --only
+# to fit a 10-minute call; docs/BENCHMARKS.md has the first run). From a repository, a bundle
 # (scripts/bundle.sh) or the wheel (scripts/wheel.sh; 7.1 MB against the bundle's 20.8 MB folder):
 #
 #   bench/gpu.sh [--data DIR] [--out DIR] [--bin RINGTRAIN] [--only NAME,...] [--dry-run]

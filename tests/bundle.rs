@@ -140,6 +140,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
         "two_ranks_one_gpu_sync_bn",
         "fp16_overflow_backs_off",
         "sigterm_then_resume",
+        "train_cuda_graphs",
     ]
     .map(String::from)
     .to_vec();
@@ -167,7 +168,13 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     // The readers found the figures the commands printed.
     let details = |name: &str| &checks.iter().find(|c| c["name"] == name).unwrap()["details"];
     assert!(details("step_resnet50_bf16")["ratio"].as_f64().unwrap() > 0.0);
-    assert!(details("two_ranks_one_gpu_gloo")["relative_difference"].as_f64().unwrap() <= 5e-6);
+    // fp32: the CPU's bound; the low precision (bf16 here, fp16 on CUDA): within 3x of its own
+    // noise, a different split of the same images.
+    let ranks = details("two_ranks_one_gpu_gloo");
+    assert!(ranks["fp32"]["dual_vs_single"].as_f64().unwrap() <= 5e-6, "{ranks:#}");
+    let low = &ranks["fp16"];
+    assert!(low["accum_vs_single"].as_f64().unwrap() > 1e-4, "bf16 changed nothing? {ranks:#}");
+    assert!(low["dual_vs_single"].as_f64().unwrap() <= low["bound"].as_f64().unwrap(), "{ranks:#}");
     assert_eq!(details("sigterm_then_resume")["deterministic"]["bit_identical"], true);
     let doctor = details("doctor")["lines"].as_array().unwrap();
     assert!(doctor.iter().any(|l| l.as_str().unwrap().contains("found by the bundle's launcher")), "{doctor:?}");

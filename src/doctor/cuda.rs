@@ -76,11 +76,7 @@ pub fn driver() -> Result<Driver, String> {
 
     let mut cuda_version = 0;
     version(&mut cuda_version);
-    let release = std::fs::read_to_string("/proc/driver/nvidia/version").ok().and_then(|s| {
-        // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..."
-        let after = s.lines().next()?.split("Kernel Module").nth(1)?.split_whitespace().next()?.to_string();
-        Some(after)
-    });
+    let release = std::fs::read_to_string("/proc/driver/nvidia/version").ok().and_then(|s| driver_release(&s));
     let rc = init(0);
     if rc != 0 {
         return Err(format!(
@@ -138,7 +134,34 @@ pub fn driver() -> Result<Driver, String> {
     })
 }
 
+/// The driver's release ("580.65.06") from /proc/driver/nvidia/version's first line, whose
+/// words differ between the proprietary and the open kernel modules:
+/// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..." and
+/// "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...".
+fn driver_release(proc_version: &str) -> Option<String> {
+    let after = proc_version.lines().next()?.split("Kernel Module").nth(1)?;
+    let is_release = |w: &&str| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.');
+    after.split_whitespace().find(is_release).map(String::from)
+}
+
 /// 13000 → "13.0".
 pub fn dotted(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both kernel modules' first lines give the release; the open module's "for x86_64" (which
+    /// the first GPU run's doctor printed as the release) is skipped.
+    #[test]
+    fn the_driver_release_is_read_from_either_kernel_module() {
+        let proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 06:54:38 UTC 2025\nGCC version: gcc 12\n";
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)  Thu Oct 30 2025\n";
+        assert_eq!(driver_release(proprietary).as_deref(), Some("580.65.06"));
+        assert_eq!(driver_release(open).as_deref(), Some("580.159.04"));
+        assert_eq!(driver_release("something else\n"), None);
+        assert_eq!(driver_release(""), None);
+    }
 }

@@ -110,9 +110,12 @@ impl StepGraph {
             (Recorder::EveryStep, _) => self.out = Some(body(x, y, &self.lr)?),
             (Recorder::Cuda(device), None) => {
                 let graph = CudaGraph::begin(*device)?;
-                let out = body(x, y, &self.lr);
-                graph.end()?;
+                // A step that fails inside the capture invalidates it: its own error says why,
+                // ending the capture then only says that it was invalidated.
+                let out = body(x, y, &self.lr).map_err(|e| e.context("in the step being captured as a CUDA graph"));
+                let ended = graph.end();
                 self.out = Some(out?);
+                ended?;
                 graph.replay()?; // the capture itself ran nothing
                 self.graph = Some(graph);
             }
