@@ -14,6 +14,7 @@
 
 #ifdef RT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 // The calling thread's last error message (error.h).
@@ -122,6 +123,20 @@ int64_t rt_cuda_peak_memory(int device, int reset) {
     auto stats = alloc::getDeviceStats(static_cast<c10::DeviceIndex>(device));
     return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }, -1);
+#else
+  rt_error = "built without CUDA headers";
+  return -1;
+#endif
+}
+
+// torch.cuda.set_sync_debug_mode: 0 off, 1 a warning (on stderr) for every call that makes the
+// host wait for the GPU (an item(), a blocking copy to the host, a stream synchronisation).
+int rt_cuda_sync_debug(int mode) {
+#ifdef RT_WITH_CUDA
+  return guarded([&] {
+    c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(mode));
+    return 0;
+  });
 #else
   rt_error = "built without CUDA headers";
   return -1;

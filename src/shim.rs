@@ -72,6 +72,7 @@ mod ffi {
         pub fn rt_cuda_graph_replay(g: *mut RtCudaGraph) -> c_int;
         pub fn rt_cuda_graph_free(g: *mut RtCudaGraph);
         pub fn rt_cuda_peak_memory(device: c_int, reset: c_int) -> i64;
+        pub fn rt_cuda_sync_debug(mode: c_int) -> c_int;
         pub fn rt_cuda_set_device(device: c_int) -> c_int;
         pub fn rt_cuda_timer_start(device: c_int) -> *mut RtCudaTimer;
         pub fn rt_cuda_timer_stop(t: *mut RtCudaTimer) -> c_int;
@@ -375,6 +376,23 @@ pub fn cuda_peak_memory(device: usize) -> Option<u64> {
 
 pub fn reset_cuda_peak_memory(device: usize) {
     unsafe { ffi::rt_cuda_peak_memory(device as c_int, 1) };
+}
+
+/// While alive, libtorch warns on stderr of every call that makes the host wait for the GPU
+/// (torch.cuda.set_sync_debug_mode("warn")); off again when dropped.
+pub struct SyncWarnings(());
+
+impl SyncWarnings {
+    pub fn start() -> Result<SyncWarnings> {
+        check(unsafe { ffi::rt_cuda_sync_debug(1) })?;
+        Ok(SyncWarnings(()))
+    }
+}
+
+impl Drop for SyncWarnings {
+    fn drop(&mut self) {
+        unsafe { ffi::rt_cuda_sync_debug(0) };
+    }
 }
 
 /// Makes CUDA device `index` the current one (torch.cuda.set_device): the device of the caching

@@ -141,6 +141,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
         "fp16_overflow_backs_off",
         "sigterm_then_resume",
         "train_cuda_graphs",
+        "host_syncs_per_step",
     ]
     .map(String::from)
     .to_vec();

@@ -134,6 +134,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
             }
             t0 = Some(Instant::now());
         }
+        let _syncs = crate::device::sync_warnings(o.device, i >= o.warmup);
         step.step(&x, &y)?;
     }
     crate::device::synchronize(o.device);

@@ -82,6 +82,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         out.start_epoch(epoch, steps_per_epoch);
         for batch in data.train_from(epoch, meter.steps) {
             let batch = batch?;
+            let _syncs = crate::device::sync_warnings(t.device(), epoch > state.first_epoch);
             meter.add_unreadable(batch.unreadable);
             if !t.step(&batch.x, &batch.y, batch.pos, &mut state, &mut meter)? {
                 continue; // gradients keep accumulating; no all-reduce until the group's last
