@@ -50,6 +50,7 @@ rt_tensor* rt_empty_pinned(const int64_t* sizes, int ndim, int dtype);
 // Peak bytes allocated by the CUDA caching allocator on `device` since the last reset
 // (reset != 0 resets and returns 0); -1 without CUDA.
 int64_t rt_cuda_peak_memory(int device, int reset);
+// libtorch's sync debug mode (torch.cuda.set_sync_debug_mode): 0 off, 1 warn; -1 without CUDA.
 int rt_cuda_sync_debug(int mode);
 
 // Makes `device` the current CUDA device (torch.cuda.set_device).

@@ -71,6 +71,20 @@ pub fn synchronize(device: Device) {
     }
 }
 
+/// `RINGTRAIN_CUDA_SYNC_DEBUG=warn`: on a CUDA `device`, while the guard lives and `active`,
+/// libtorch warns on stderr ("called a synchronizing CUDA operation") of each host
+/// synchronisation, as torch.cuda.set_sync_debug_mode("warn") does. Training holds it over each
+/// batch's work from the second epoch on (cuDNN's autotuning in the first synchronises), `bench`
+/// over its timed steps: how the GPU battery counts the synchronisations inside a step.
+pub fn sync_warnings(device: Device, active: bool) -> Option<crate::shim::SyncWarnings> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("RINGTRAIN_CUDA_SYNC_DEBUG").is_ok_and(|v| v == "warn"));
+    match on && active && device.is_cuda() {
+        true => crate::shim::SyncWarnings::start().ok(),
+        false => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,19 +99,5 @@ mod tests {
             let e = bad.parse::<DeviceSpec>().unwrap_err();
             assert!(e.0.contains(&format!("invalid --device '{bad}'")), "{e}");
         }
-    }
-}
-
-/// `RINGTRAIN_CUDA_SYNC_DEBUG=warn`: on a CUDA `device`, while the guard lives and `active`,
-/// libtorch warns on stderr ("called a synchronizing CUDA operation") of each host
-/// synchronisation, as torch.cuda.set_sync_debug_mode("warn") does. Training holds it over each
-/// batch's work from the second epoch on (cuDNN's autotuning in the first synchronises), `bench`
-/// over its timed steps: how the GPU battery counts the synchronisations inside a step.
-pub fn sync_warnings(device: Device, active: bool) -> Option<crate::shim::SyncWarnings> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("RINGTRAIN_CUDA_SYNC_DEBUG").is_ok_and(|v| v == "warn"));
-    match on && active && device.is_cuda() {
-        true => crate::shim::SyncWarnings::start().ok(),
-        false => None,
     }
 }
