@@ -27,15 +27,15 @@ fn data() -> Data {
 /// LeNet-5 on 48 images, global batch 8 (6 steps an epoch) over `epochs`, 2 local ranks, then
 /// `extra`.
 fn args(d: &Data, out: &Path, epochs: usize, extra: &str) -> Vec<String> {
-    let mut a = common::train_args(
+    let mut a = common::train_val_args(
         &d.root.join("train"),
+        &d.root.join("val"),
         out,
         &format!(
             "--model lenet5 --img-size 32 --epochs {epochs} --batch-size 8 --lr 0.02 --device cpu --seed 2 \
              --workers 1 --log-every 0 --nproc-per-node 2"
         ),
     );
-    a.extend(["--val".into(), d.root.join("val").to_string_lossy().into_owned()]);
     a.extend(extra.split_whitespace().map(String::from));
     a
 }

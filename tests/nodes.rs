@@ -188,15 +188,15 @@ fn data() -> Data {
 /// LeNet-5 (no BatchNorm), 24 images, 2 epochs of 3 steps of the global batch 8 (`lr` and
 /// `epochs` as given for the initial weights).
 fn train_args_with(d: &Data, out: &Path, lr: &str, epochs: usize, extra: &str) -> Vec<String> {
-    let mut a = common::train_args(
+    let mut a = common::train_val_args(
         &d.root.join("train"),
+        &d.root.join("val"),
         out,
         &format!(
             "--model lenet5 --img-size 32 --epochs {epochs} --batch-size 8 --lr {lr} --sched constant --device cpu \
              --seed 1 --workers 1 --log-every 0"
         ),
     );
-    a.extend(["--val".into(), d.root.join("val").to_string_lossy().into_owned()]);
     a.extend(extra.split_whitespace().map(String::from));
     a
 }

@@ -61,13 +61,13 @@ fn one_step(dir: &Path, recipe: &str, extra: &[&str]) -> (PathBuf, String) {
     let out = dir.join(recipe.trim_end_matches(".toml"));
     let recipe_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes").join(recipe);
     // A warm-up must be shorter than the one epoch.
-    let mut args = common::train_args(
+    let mut args = common::train_val_args(
         &train,
+        &val,
         &out,
         "--device cpu --amp off --epochs 1 --warmup-epochs 0 --batch-size 8 --workers 2",
     );
     args.splice(1..1, ["--config".to_string(), recipe_path.to_string_lossy().into_owned()]);
-    args.extend(["--val".to_string(), val.to_string_lossy().into_owned()]);
     args.extend(extra.iter().map(|s| s.to_string()));
     let o = common::ringtrain(&args);
     let stderr = String::from_utf8_lossy(&o.stderr);

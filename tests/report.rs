@@ -127,12 +127,12 @@ fn tensorboard_reader_finds_the_runs_scalars_with_right_steps_and_values() {
     let (train, val, out) = (d.path().join("train"), d.path().join("val"), d.path().join("run"));
     shapes(&train, 10, 0);
     shapes(&val, 4, 1000);
-    let mut args = common::train_args(
+    let args = common::train_val_args(
         &train,
+        &val,
         &out,
         "--model resnet10-tiny --img-size 32 --epochs 3 --batch-size 8 --log-every 1 --device cpu",
     );
-    args.extend(["--val".into(), val.to_string_lossy().into_owned()]);
     let o = common::ringtrain(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let tb: serde_json::Value =

@@ -100,12 +100,12 @@ fn the_page_opens_in_a_browser_and_its_worst_images_show_a_flipped_label_with_ev
     // A green image filed under red: its label is wrong on purpose.
     let flipped: PathBuf = val.join(CLASSES[0]).join("flipped.png");
     std::fs::rename(val.join(CLASSES[1]).join("3.png"), &flipped).unwrap();
-    let mut args = common::train_args(
+    let args = common::train_val_args(
         &train,
+        &val,
         &run,
         "--model resnet10-tiny --img-size 24 --epochs 4 --batch-size 16 --device cpu --seed 1",
     );
-    args.extend(["--val".into(), val.to_string_lossy().into_owned()]);
     let o = common::ringtrain(&args);
     assert!(o.status.success(), "{}", common::text(&o));
     assert!(!common::text(&o).contains("no font"), "a font with the Chinese names is installed: {}", common::text(&o));

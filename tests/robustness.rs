@@ -168,12 +168,12 @@ impl Suite {
 
 /// `train` of the tiny model on the CPU with `extra` flags.
 fn tiny(data: &Path, val: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
-    let mut a = common::train_args(
+    let mut a = common::train_val_args(
         data,
+        val,
         out,
         "--model resnet10-tiny --img-size 32 --batch-size 4 --device cpu --log-every 1 --workers 2",
     );
-    a.extend(["--val".to_string(), val.to_string_lossy().into_owned()]);
     // A flag given in `extra` replaces the default's value (clap refuses a flag twice).
     let mut i = 0;
     while i < extra.len() {

@@ -276,6 +276,13 @@ pub fn train_args(data: &Path, out: &Path, flags: &str) -> Vec<String> {
     v
 }
 
+/// `train_args` with `--val VAL` after the flags.
+pub fn train_val_args(data: &Path, val: &Path, out: &Path, flags: &str) -> Vec<String> {
+    let mut v = train_args(data, out, flags);
+    v.extend(["--val".into(), val.to_string_lossy().into_owned()]);
+    v
+}
+
 /// CRC-32 (IEEE) as PNG chunks use it.
 fn crc32(bytes: &[u8]) -> u32 {
     let mut c = 0xFFFF_FFFFu32;
