@@ -89,11 +89,14 @@ int rt_fused_adam(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, r
                   rt_tensor** steps, int n, double lr, rt_tensor* lr_tensor, double beta1, double beta2,
                   double weight_decay, double eps, int decoupled, rt_tensor* grad_scale, rt_tensor* found_inf);
 
-// ---- CUDA graphs (cuda_graph.cpp): at::cuda::CUDAGraph. begin starts capturing the work queued
-// on `device` from this thread, on a side stream that waits for the current one (autocast's
-// cast cache off meanwhile); end finishes the capture and makes the current stream wait for the
-// side stream; replay launches the captured work on the current stream. Null / -1 and an error
-// in a build without CUDA.
+// ---- CUDA graphs (cuda_graph.cpp): at::cuda::CUDAGraph. use_side_stream makes this thread's
+// current stream on `device` a non-default one that waits for the work queued so far (0 when it
+// is one already): the warm-up steps and the capture must run on it. begin starts capturing the
+// work queued on the current stream (which must not be the default one) after a device
+// synchronisation, autocast's cast cache off meanwhile; end finishes the capture; replay
+// launches the captured work on the current stream. Null / -1 and an error in a build without
+// CUDA.
+int rt_cuda_use_side_stream(int device);
 typedef struct rt_cuda_graph rt_cuda_graph;
 rt_cuda_graph* rt_cuda_graph_begin(int device);
 int rt_cuda_graph_end(rt_cuda_graph* g);

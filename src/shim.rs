@@ -67,6 +67,7 @@ mod ffi {
             grad_scale: *mut torch_sys::C_tensor,
             found_inf: *mut torch_sys::C_tensor,
         ) -> c_int;
+        pub fn rt_cuda_use_side_stream(device: c_int) -> c_int;
         pub fn rt_cuda_graph_begin(device: c_int) -> *mut RtCudaGraph;
         pub fn rt_cuda_graph_end(g: *mut RtCudaGraph) -> c_int;
         pub fn rt_cuda_graph_replay(g: *mut RtCudaGraph) -> c_int;
@@ -441,9 +442,17 @@ impl Drop for CudaTimer {
     }
 }
 
-/// A CUDA graph (at::cuda::CUDAGraph): the work queued on a device between `begin` and `end`,
-/// captured on a side stream, not run; `replay` runs it again on the current stream, on the
-/// same memory. Needs a CUDA build and device.
+/// Makes this thread's current stream on CUDA device `device` a non-default one, after the
+/// work queued so far: a CUDA graph's warm-up steps must run on the stream it is captured on
+/// (`CudaGraph`), and the default stream cannot be captured.
+pub fn cuda_use_side_stream(device: usize) -> Result<()> {
+    check(unsafe { ffi::rt_cuda_use_side_stream(device as c_int) }).map_err(|e| anyhow::anyhow!("CUDA graphs: {e}"))?;
+    Ok(())
+}
+
+/// A CUDA graph (at::cuda::CUDAGraph): the work queued on a device's current stream between
+/// `begin` and `end`, captured, not run; `replay` runs it again on the current stream, on the
+/// same memory. Needs a CUDA build and device, and `cuda_use_side_stream` before the warm-up.
 pub struct CudaGraph(*mut ffi::RtCudaGraph);
 
 impl CudaGraph {

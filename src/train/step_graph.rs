@@ -10,14 +10,20 @@
 //! GradScaler's own tensors). The host's share of a step (counting, the divergence record, the
 //! epoch sums) runs after the replay on the graph's outputs, still without synchronising.
 //! A batch of another shape (an epoch's short last batch) takes the eager path.
+//!
+//! The run's device work moves to a side stream before its first step, so that the warm-up
+//! steps and the capture share one non-default stream, as PyTorch's notes on whole-network
+//! capture ask: autograd's AccumulateGrad nodes keep the stream of the step that made them, and
+//! the default stream cannot join a capture.
 use anyhow::Result;
 use tch::{Device, Kind, Tensor};
 
 use crate::shim::CudaGraph;
 
-/// Eager steps before the capture: cuDNN's benchmark mode has picked its algorithms, the
-/// optimizer state and NCCL's communicators exist, the caching allocator is warm (as
-/// torch.cuda.graph's documentation advises).
+/// Eager steps before the capture, on the stream it captures: cuDNN's benchmark mode has
+/// picked its algorithms, cuBLAS has its workspace for the stream, the optimizer state and
+/// NCCL's communicators exist, the caching allocator is warm (as torch.cuda.graph's
+/// documentation advises).
 pub const WARMUP_STEPS: usize = 3;
 
 /// What the captured step leaves on the device for the host's bookkeeping.
@@ -52,10 +58,14 @@ pub struct StepGraph {
 }
 
 impl StepGraph {
-    /// For training on `device`, which must be a CUDA device.
+    /// For training on `device`, which must be a CUDA device; from here on this thread's work
+    /// on it goes to a side stream. Call it before the first training step.
     pub fn new(device: Device) -> Result<Self> {
         match device {
-            Device::Cuda(i) => Ok(StepGraph::with(Recorder::Cuda(i), device, WARMUP_STEPS)),
+            Device::Cuda(i) => {
+                crate::shim::cuda_use_side_stream(i)?;
+                Ok(StepGraph::with(Recorder::Cuda(i), device, WARMUP_STEPS))
+            }
             _ => crate::bail_user!("--cuda-graphs needs a CUDA device (--device cuda); this run is on {device:?}"),
         }
     }
