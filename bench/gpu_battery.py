@@ -331,6 +331,7 @@ def main():
 
     # The CPU test's set (3 classes x 16: the dist bounds hold for it), and a longer one (8 x 64).
     short_set, long_set = (3, 16), (8, 64)
+    long_steps = long_set[0] * long_set[1] // 32  # an epoch of the longer set at batch 32
 
     def small(run, model, *extra, epochs=2, batch=16, lr="0.05", long=False, log_every=0):
         classes, n = long_set if long else short_set
@@ -413,7 +414,7 @@ def main():
                            epochs=1, batch=32, lr="0.01", long=True))
         m = metrics(run)[-1]
         scaler = state(run / "last").get("scaler") or {}
-        steps = long_set[0] * long_set[1] // 32
+        steps = long_steps
         found = {"skipped_steps": m["skipped_steps"], "steps": steps, "scale_after": scaler.get("scale"),
                  "initial_scale": OVERFLOW_SCALE, "train_loss": m["train_loss"]}
         if dry:
@@ -474,7 +475,7 @@ def main():
         w = {n: weights(out / f"graphs-{n}") for n in ("init", "eager", "graphed")}
         found = {"graphed_vs_eager": rel_diff(w["graphed"], w["eager"], w["eager"], w["init"]), "bound": LENET_SAME,
                  "bit_identical": all(torch.equal(w["graphed"][k], w["eager"][k]) for k in w["eager"]),
-                 "steps": long_set[0] * long_set[1] // 32}
+                 "steps": long_steps}
         if found["graphed_vs_eager"] > LENET_SAME:
             raise Failed("the CUDA-graph run is not the eager run", **found)
         return found
@@ -486,7 +487,7 @@ def main():
         # training loop's body from epoch 2 on, and in bench's timed steps. The goal is none in a
         # step (fp16: the loss scaler decides on the device). --log-every 1 reads the loss every
         # step: the control that the warnings appear at all.
-        env, per_epoch = {"RINGTRAIN_CUDA_SYNC_DEBUG": "warn"}, long_set[0] * long_set[1] // 32
+        env, per_epoch = {"RINGTRAIN_CUDA_SYNC_DEBUG": "warn"}, long_steps
         count = lambda text: text.count("called a synchronizing CUDA operation")
         run = lambda name, every: b.ringtrain(*small(out / f"syncs-{name}", "resnet10-tiny", "--amp", amp_of("fp16"),
                                                      batch=32, long=True, log_every=every), env=env)

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use crate::data::decode::decode_bytes;
 use crate::data::source::{Samples, Stored};
 use crate::report::fonts;
+use crate::report::plots::err;
 use crate::report::worst::Entry;
 
 /// Sample `i`, shrunk to fit `side`×`side` (aspect kept): the whole image, as its file shows it.
@@ -69,16 +70,15 @@ pub fn worst_grid(samples: &Samples, worst: &[Entry], classes: &[String], column
     let font = fonts::family_for(names.iter().copied());
     {
         let root = BitMapBackend::with_buffer(&mut *grid, (w, h)).into_drawing_area();
-        let err = |e| anyhow!("drawing: {e:?}");
         for (k, e) in worst.iter().enumerate() {
             // The caption's own area: a long name is cut at the cell's edge, not drawn over the next.
             let (x, y) = corner(k);
             let cell = root.clone().shrink((x, y + PICTURE), (CELL_W, CAPTION));
             let style = TextStyle::from((font, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Top));
-            let red = if e.target != e.pred { RGBColor(190, 0, 0) } else { RGBColor(0, 110, 0) };
+            let verdict = if e.target != e.pred { RGBColor(190, 0, 0) } else { RGBColor(0, 110, 0) };
             cell.draw(&Text::new(format!("true {}", short(&classes[e.target])), (3, 2), style.color(&BLACK)))
                 .map_err(err)?;
-            cell.draw(&Text::new(format!("pred {} {:.2}", short(&classes[e.pred]), e.confidence), (3, 17), style.color(&red)))
+            cell.draw(&Text::new(format!("pred {} {:.2}", short(&classes[e.pred]), e.confidence), (3, 17), style.color(&verdict)))
                 .map_err(err)?;
         }
         root.present().map_err(err)?;
