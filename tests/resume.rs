@@ -28,7 +28,8 @@ fn args(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
     v
 }
 
-/// Starts a run and sends `signal` once a progress line contains `when`; returns the exit code.
+/// Starts a run and sends `signal` once a progress line contains `when`, or for SIGPIPE stops
+/// reading its output there (a reader that goes, as `| head` does); returns the exit code.
 fn interrupt(args: &[String], when: &str, signal: i32) -> Option<i32> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
         .args(args)
@@ -41,6 +42,10 @@ fn interrupt(args: &[String], when: &str, signal: i32) -> Option<i32> {
     for line in BufReader::new(stdout).lines() {
         let line = line.unwrap();
         if !sent && line.contains(when) {
+            if signal == libc::SIGPIPE {
+                sent = true;
+                break; // the reader is dropped: the pipe closes
+            }
             unsafe { libc::kill(child.id() as i32, signal) };
             if signal == libc::SIGTERM {
                 // Delivered twice at once (a launcher's forward and the terminal's own, Slurm
@@ -95,6 +100,31 @@ fn interrupted_runs_resume_bit_identical() {
     assert!((2..5).contains(&steps), "{st}");
     run("term", &["--resume", "auto"]);
     assert_same_run(&straight, &term);
+
+    // A stop at an epoch's last step: the reader of the output goes after epoch 1's line, and
+    // with --log-every 5 (the epoch's length) the next line is epoch 2's last step, whose
+    // failed write stops the run there. Resumed, the epoch has no step left to take, and its
+    // row reports the learning rate of that last step, not of the next one.
+    let piped = d.path().join("piped");
+    let code = interrupt(&args(&data, &piped, &["--log-every", "5"]), "| train loss", libc::SIGPIPE);
+    assert_eq!(code, Some(128 + libc::SIGPIPE));
+    let st = state(&piped);
+    // A reader that took longer than epoch 2's five steps to go would stop the run at its end.
+    let at_epoch_end = st["mid_epoch"].is_null() && st["epoch"] == 2;
+    assert!(st["mid_epoch"]["steps"] == 5 || at_epoch_end, "{st}");
+    run("piped", &["--log-every", "5", "--resume", "auto"]);
+    assert_same_run(&straight, &piped);
+
+    // --save-every-minutes: a clock this short is due at every step, so a SIGKILL in epoch 2
+    // finds the checkpoint of a step inside it, not the end of epoch 1.
+    let clock = d.path().join("clock");
+    let every_step = ["--save-every-minutes", "1e-9"];
+    let code = interrupt(&args(&data, &clock, &every_step), "epoch 2/3 step 3/5", libc::SIGKILL);
+    assert_eq!(code, None, "killed by a signal");
+    let st = state(&clock);
+    assert!(st["epoch"] == 1 && st["mid_epoch"]["steps"].as_u64() >= Some(2), "{st}");
+    run("clock", &[every_step[0], every_step[1], "--resume", "auto"]);
+    assert_same_run(&straight, &clock);
 
     // SIGKILL: nothing is saved at the kill; the last periodic save (every 3 steps) is used.
     let kill = d.path().join("kill");

@@ -95,6 +95,10 @@ pub struct EpochPosition {
     /// Training seconds spent in the epoch before the checkpoint.
     #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
     pub seconds: f64,
+    /// The learning rate of the last step before the checkpoint: the epoch's row reports it
+    /// when no step is left (a stop at the epoch's last step). None in older checkpoints.
+    #[serde(default)]
+    pub lr: Option<f64>,
 }
 
 impl CheckpointState {

@@ -101,8 +101,9 @@ impl EpochMeter {
         pg.all_reduce_values(&own, ReduceOp::Sum)
     }
 
-    /// Where the epoch stands, for a checkpoint inside it (a collective: on every rank).
-    pub fn position(&self, pg: &ProcessGroup) -> Result<EpochPosition> {
+    /// Where the epoch stands after a step at `lr`, for a checkpoint inside it (a collective: on
+    /// every rank).
+    pub fn position(&self, pg: &ProcessGroup, lr: f64) -> Result<EpochPosition> {
         let v = self.sums(pg)?;
         Ok(EpochPosition {
             steps: self.steps,
@@ -112,6 +113,7 @@ impl EpochMeter {
             skipped_steps: v[3],
             unreadable: v[4] as usize,
             seconds: self.seconds(),
+            lr: Some(lr),
         })
     }
 

@@ -77,8 +77,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let mut out = Reporter::new(cfg, &ctx, &run_dir, &t, &data)?;
     let stop = StopRequest::install(cfg.requeue)?;
     for epoch in state.first_epoch..cfg.epochs {
-        let mut meter = EpochMeter::start(state.take_position(), t.pg());
-        state.lr = t.lr(&state);
+        let next_lr = t.lr(&state);
+        let mut meter = EpochMeter::start(state.start_epoch(next_lr), t.pg());
         out.start_epoch(epoch, steps_per_epoch);
         for batch in data.train_from(epoch, meter.steps) {
             let batch = batch?;
@@ -94,7 +94,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             }
             out.step(&t, &state, &meter)?;
             let agreed = stop.agreed(t.pg(), state.global_step % 10 == 0, run_dir.minutes_due())?;
-            if agreed.signal.is_some() || agreed.save || state.save_due(cfg, meter.steps, steps_per_epoch) {
+            if agreed.signal.is_some() || state.save_due(cfg, agreed.save, meter.steps, steps_per_epoch) {
                 run_dir.save_position(&t, &state, &meter, epoch)?;
             }
             if let Some(sig) = agreed.signal {

@@ -94,7 +94,7 @@ impl RunDir {
     pub fn save_position(&self, t: &Trainer, state: &RunState, meter: &EpochMeter, epoch: usize) -> Result<()> {
         self.saved_at.set(Instant::now()); // on every rank: their clocks must agree on the next
         t.check_divergence(&self.last_good())?;
-        let pos = meter.position(t.pg())?;
+        let pos = meter.position(t.pg(), state.lr)?;
         if self.writes {
             let st = state.checkpoint_state(
                 &self.cfg,

@@ -20,7 +20,7 @@ pub struct RunState {
     /// (epoch, value of the monitored metric), and that epoch's validation for the final report.
     pub best: Option<(usize, f64)>,
     pub best_eval: Option<EvalResult>,
-    /// The learning rate of the last step (at an epoch's start, of its first).
+    /// The learning rate of the last step (at an epoch's start, of its first; see `start_epoch`).
     pub lr: f64,
     /// The first epoch to train (0-based), and how far it went when resumed inside it.
     pub first_epoch: usize,
@@ -49,15 +49,22 @@ impl RunState {
         }
     }
 
-    /// Where the next epoch starts: at its beginning, or where the checkpoint left it.
-    pub fn take_position(&mut self) -> EpochPosition {
-        self.mid_epoch.take().unwrap_or_default()
+    /// Where the next epoch starts: at its beginning, or where the checkpoint left it. Sets the
+    /// learning rate its row reports until a step replaces it: `next_lr`, the first step's,
+    /// except in an epoch resumed after some of its steps, which keeps the last one's (a stop at
+    /// the epoch's last step leaves no step to take, and the next step's rate would be reported).
+    pub fn start_epoch(&mut self, next_lr: f64) -> EpochPosition {
+        let pos = self.mid_epoch.take().unwrap_or_default();
+        self.lr = pos.lr.unwrap_or(next_lr);
+        pos
     }
 
-    /// Whether `--save-every-steps` asks for a checkpoint after this step (not at an epoch's
-    /// last step: the epoch's end saves anyway).
-    pub fn save_due(&self, cfg: &TrainConfig, steps_done: usize, steps_per_epoch: usize) -> bool {
-        cfg.save_every_steps.is_some_and(|n| self.global_step % n == 0) && steps_done < steps_per_epoch
+    /// Whether a periodic save is due after this step: `--save-every-steps` by the step count,
+    /// `--save-every-minutes` by the clock (`minutes_due`, agreed by the ranks). Not at an
+    /// epoch's last step: the epoch's end saves anyway.
+    pub fn save_due(&self, cfg: &TrainConfig, minutes_due: bool, steps_done: usize, steps_per_epoch: usize) -> bool {
+        let by_steps = cfg.save_every_steps.is_some_and(|n| self.global_step % n == 0);
+        (by_steps || minutes_due) && steps_done < steps_per_epoch
     }
 
     /// Records a finished epoch (0-based `epoch`); returns whether it is the best so far.
@@ -154,5 +161,49 @@ impl RunState {
             world_size: world,
             config: cfg.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_saves_come_inside_an_epoch_only() {
+        let cfg = TrainConfig {
+            save_every_steps: Some(2),
+            ..Default::default()
+        };
+        let at = |global_step| RunState {
+            global_step,
+            ..Default::default()
+        };
+        // (state, --save-every-minutes due, steps done in the epoch of 5) → save?
+        for (st, minutes_due, done, want) in [
+            (at(4), false, 2, true),  // every 2nd step
+            (at(3), false, 1, false), // not a 2nd step
+            (at(3), true, 1, true),   // the clock
+            (at(4), false, 5, false), // the epoch's last step: its end saves
+            (at(5), true, 5, false),
+        ] {
+            assert_eq!(st.save_due(&cfg, minutes_due, done, 5), want, "{:?}", (st.global_step, minutes_due, done));
+        }
+    }
+
+    #[test]
+    fn a_resumed_epoch_reports_its_last_steps_lr_until_it_takes_another() {
+        let mut st = RunState::default();
+        st.start_epoch(0.1);
+        assert_eq!(st.lr, 0.1, "a new epoch: its first step's");
+        let mid = EpochPosition {
+            steps: 5,
+            lr: Some(0.03),
+            ..Default::default()
+        };
+        st.mid_epoch = Some(mid);
+        assert_eq!(st.start_epoch(0.02).steps, 5);
+        assert_eq!(st.lr, 0.03, "resumed after 5 steps: the fifth's, not the sixth's");
+        st.start_epoch(0.02);
+        assert_eq!(st.lr, 0.02, "the position is used once");
     }
 }

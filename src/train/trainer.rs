@@ -520,10 +520,10 @@ mod tests {
                 assert!(t.step(x, y, pos, &mut state, &mut meter).unwrap());
             }
             assert_eq!(state.global_step, steps);
-            let p = meter.position(t.pg()).unwrap();
-            sums.push((p.loss_sum, p.correct, p.seen, t.model.bn_batches));
+            let p = meter.position(t.pg(), state.lr).unwrap();
+            sums.push((p.loss_sum, p.correct, p.seen, t.model.bn_batches, p.lr));
         }
-        assert_eq!(sums[0], sums[1], "epoch sums (loss, correct, seen, BN batches)");
+        assert_eq!(sums[0], sums[1], "epoch sums (loss, correct, seen, BN batches, last lr)");
         for (a, b) in pairs(&eager, &graphed) {
             let want = a.vs.variables();
             for (name, got) in b.vs.variables() {
