@@ -123,7 +123,7 @@ fn interrupted_runs_resume_bit_identical() {
     assert_eq!(code, None, "killed by a signal");
     let st = state(&clock);
     assert!(st["epoch"] == 1 && st["mid_epoch"]["steps"].as_u64() >= Some(2), "{st}");
-    run("clock", &[every_step[0], every_step[1], "--resume", "auto"]);
+    run("clock", &[&every_step[..], &["--resume", "auto"]].concat());
     assert_same_run(&straight, &clock);
 
     // SIGKILL: nothing is saved at the kill; the last periodic save (every 3 steps) is used.
