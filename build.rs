@@ -5,6 +5,33 @@ use std::path::PathBuf;
 #[path = "build_support/cuda.rs"]
 mod cuda;
 
+/// Compiles the Triton kernels (kernels/*.py) into OUT_DIR/kernels with the set-up's Python and
+/// writes the table the binary embeds (build_support/compile_kernels.py). Without Triton the
+/// table is empty: ringtrain builds and runs, and `--fused-norm` says the build has no kernels.
+/// A kernel that fails to compile fails the build.
+fn compile_kernels() {
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("kernels");
+    let python = std::env::var("RINGTRAIN_PYTHON").unwrap_or_else(|_| "python3".into());
+    let status = std::process::Command::new(&python)
+        .arg("build_support/compile_kernels.py")
+        .arg(&out)
+        .status();
+    let why = match status {
+        Ok(s) if s.success() => return,
+        Ok(s) if s.code() == Some(3) => format!("Triton is not importable by {python}"),
+        Ok(s) => {
+            eprintln!("error: compiling the fused kernels failed ({s}); see the output above");
+            std::process::exit(1);
+        }
+        Err(e) => format!("cannot run {python} ({e})"),
+    };
+    println!("cargo:warning={why}: building without fused kernels");
+    std::fs::create_dir_all(&out).unwrap();
+    let empty = "pub const TRITON_VERSION: &str = \"\";\npub const BLOCK_M: i64 = 0;\npub const BLOCK_C: i64 = 0;\n\
+                 pub static KERNELS: &[KernelImage] = &[];\n";
+    std::fs::write(out.join("fused_kernels.rs"), empty).unwrap();
+}
+
 fn main() {
     // torch-sys declares `links = "tch"` and exports the library directory it linked against.
     let lib = PathBuf::from(
@@ -19,10 +46,14 @@ fn main() {
         "csrc/optim.cpp",
         "csrc/reducer.cpp",
         "csrc/cuda_graph.cpp",
+        "csrc/fused_norm.cpp",
+        "csrc/profile.cpp",
         "csrc/shim.h",
         "csrc/pg.h",
         "csrc/error.h",
         "build_support/cuda.rs",
+        "build_support/compile_kernels.py",
+        "kernels/bn_act.py",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }
@@ -35,6 +66,8 @@ fn main() {
     // Set by scripts/env.sh: a build of another checkout in the shared target directory must not
     // pass for this one's (see there).
     println!("cargo:rerun-if-env-changed=RINGTRAIN_CHECKOUT");
+    println!("cargo:rerun-if-env-changed=RINGTRAIN_PYTHON");
+    compile_kernels();
     let no_nccl = std::env::var(cuda::NO_NCCL_VAR).is_ok_and(|v| !v.is_empty() && v != "0");
     let plan = match cuda::decide(&lib, no_nccl) {
         Ok(p) => p,
@@ -56,6 +89,8 @@ fn main() {
         .file("csrc/optim.cpp")
         .file("csrc/reducer.cpp")
         .file("csrc/cuda_graph.cpp")
+        .file("csrc/fused_norm.cpp")
+        .file("csrc/profile.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", "1")

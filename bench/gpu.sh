@@ -4,7 +4,7 @@
 # torch.compile, the input pipeline end to end), into one log and one JSON file. On one H200 the
 # correctness part takes about 5 minutes and the speed part about 12 (name its checks with --only
 # to fit a 10-minute call; docs/BENCHMARKS.md has the first run). From a repository, a bundle
-# (scripts/bundle.sh) or the wheel (scripts/wheel.sh; 7.1 MB against the bundle's 22 MB folder):
+# (scripts/bundle.sh) or the wheel (scripts/wheel.sh; 9.3 MB against the bundle's 24 MB folder):
 #
 #   bench/gpu.sh [--data DIR] [--out DIR] [--bin RINGTRAIN] [--only NAME,...] [--dry-run]
 #

@@ -9,7 +9,8 @@ run stopped by its time budget still leaves everything it measured.
            this script is in, else the build's release binary]
 --data     an ImageFolder set with train/ and test/ (or val/), e.g. the JPEG copy of plant
            seedlings that bench/jpeg_copy.py writes [default: the demo's generated images]
---only     checks by name, or all of a kind: correctness (about 5 minutes on an H200), speed (about 12)
+--only     checks by name, or all of a kind: correctness (about 5 minutes on an H200), speed (about 12,
+           more with the profiles and --fused-norm rows, not yet run on a GPU)
 --dry-run  the same sequence on the CPU with tiny sizes (fp16 becomes bf16, which the CPU has):
            checks the battery itself, its command lines and its readers, not CUDA.
 Exit status: 0 when every correctness check passed.
@@ -147,10 +148,10 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
           "I64": torch.int64, "I32": torch.int32}
 
 
-def weights(run):
-    """last/model.safetensors as float64 tensors, read without the safetensors package (a GPU
-    machine may have torch alone): 8-byte header size, JSON header, data."""
-    raw = (run / "last" / "model.safetensors").read_bytes()
+def read_safetensors(path):
+    """A safetensors file's tensors in their own dtypes, read without the safetensors package (a
+    GPU machine may have torch alone): 8-byte header size, JSON header, data."""
+    raw = Path(path).read_bytes()
     n = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8:8 + n])
     data = memoryview(raw)[8 + n:]
@@ -159,9 +160,73 @@ def weights(run):
         if k == "__metadata__":
             continue
         a, b = v["data_offsets"]
-        t = torch.frombuffer(bytearray(data[a:b]), dtype=DTYPES[v["dtype"]]) if b > a else torch.empty(0)
-        out[k] = t.reshape(v["shape"]).double()
+        dtype = DTYPES[v["dtype"]]
+        t = torch.frombuffer(bytearray(data[a:b]), dtype=dtype) if b > a else torch.empty(0, dtype=dtype)
+        out[k] = t.reshape(v["shape"])
     return out
+
+
+def weights(run):
+    """last/model.safetensors as float64 tensors."""
+    return {k: v.double() for k, v in read_safetensors(run / "last" / "model.safetensors").items()}
+
+
+# The fused BatchNorm kernels' bounds (tests/py/fused_bn_act.py holds the interpreted kernels to
+# the same): in fp32 within FUSED_FP32 of fp64, relative to the tensor's largest magnitude; in
+# fp16/bf16 at most twice as far from fp64 as PyTorch's unfused ops in that dtype, plus a quarter
+# of its unit roundoff; the fp32 statistics within FUSED_STATS.
+FUSED_FP32 = 2e-5
+FUSED_STATS = 1e-5
+# A --fused-norm training run against the unfused one (fp32, no TF32), relative to the update.
+FUSED_TRAINING = 1e-3
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def unfused_bn_relu(x, res, w, b, rm, rv, dy, momentum=0.1, eps=1e-5):
+    """PyTorch's BatchNorm (training), add and ReLU: (y, dx, dw, db, dres); rm, rv updated."""
+    x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+    res = res.detach().requires_grad_() if res is not None else None
+    y = torch.nn.functional.batch_norm(x, rm, rv, w, b, training=True, momentum=momentum, eps=eps)
+    y = torch.relu(y + res if res is not None else y)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad, b.grad, res.grad if res is not None else None
+
+
+def fused_cases(path, device):
+    """Every case `ringtrain fused-check` wrote, recomputed by PyTorch on `device`: returns each
+    case's worst relative errors; Failed naming the first tensor past its bound."""
+    t = read_safetensors(path)
+    found, bad = {}, []
+    for i in sorted({k.split(".")[0] for k in t}, key=int):
+        g = lambda n: t[f"{i}.{n}"].to(device) if f"{i}.{n}" in t else None
+        cl = lambda v: v.contiguous(memory_format=torch.channels_last) if v is not None else None
+        x, res, dy = cl(g("x")), cl(g("res")), cl(g("dy"))
+        dtype = x.dtype
+        rm64, rv64 = g("rm0").double(), g("rv0").double()
+        ref = unfused_bn_relu(x.double(), res.double() if res is not None else None, g("w").double(), g("b").double(),
+                              rm64, rv64, dy.double())
+        twin = unfused_bn_relu(x, res, g("w"), g("b"), g("rm0").clone(), g("rv0").clone(), dy)
+        rel = lambda a, r: ((a.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+        case = {"shape": list(x.shape), "dtype": str(dtype).split(".")[-1]}
+        for name, r, tw in zip(("y", "dx", "dw", "db", "dres"), ref, twin):
+            if r is None:
+                continue
+            ef, et = rel(g(name), r), rel(tw, r)
+            bound = FUSED_FP32 if dtype == torch.float32 else 2 * et + UNIT_ROUNDOFF[dtype] / 4
+            case[name] = {"fused": ef, "pytorch": et, "bound": bound}
+            if ef > bound:
+                bad.append(f"case {i} {case['shape']} {case['dtype']}: {name} {ef:.3g} > {bound:.3g}")
+        for name, r in (("rm", rm64), ("rv", rv64)):
+            e = rel(g(name), r)
+            case[name] = {"fused": e, "bound": FUSED_STATS}
+            if e > FUSED_STATS:
+                bad.append(f"case {i}: running statistic {name} {e:.3g} > {FUSED_STATS}")
+        found[i] = case
+    if not found:
+        raise Failed(f"{path} holds no cases")
+    if bad:
+        raise Failed("; ".join(bad), **found)
+    return found
 
 
 def rel_diff(a, b, reference, init):
@@ -482,6 +547,47 @@ def main():
 
     b.check("train_cuda_graphs", "correctness", train_cuda_graphs)
 
+    def fused_numerics():
+        # The compiled fused BatchNorm (+ add) + ReLU kernels on this GPU, forward and backward,
+        # against PyTorch on the same GPU (fp64, and its own unfused ops in the same dtype), to
+        # the bounds the interpreter test holds the same kernels to on the CPU. A dry run checks
+        # the refusal on the CPU.
+        path = out / "fused-check.safetensors"
+        if dry:
+            text = b.ringtrain("fused-check", "--out", path, "--device", dev, expect_fail=True)
+            if "run on CUDA GPUs" not in text:
+                raise Failed(f"fused-check on the CPU: {text.strip()[-200:]}")
+            return {"refused_on_cpu": True}
+        b.ringtrain("fused-check", "--out", path, "--device", dev)
+        return fused_cases(path, dev)
+
+    b.check("fused_norm_numerics", "correctness", fused_numerics)
+
+    def fused_training():
+        # A run with --fused-norm against the same run without: fp32 without TF32, deterministic
+        # kernels, channels_last. The fused kernels must run (no "--fused-norm:" line saying they
+        # fell back) and train as the unfused ops do up to rounding, which the fused arithmetic
+        # orders otherwise (a wrong gradient is orders of magnitude past FUSED_TRAINING). A dry
+        # run checks the fallback's line and that it changes nothing.
+        run = lambda name, *extra, **kw: small(out / f"fused-{name}", "resnet10-tiny", "--amp", "off", "--channels-last",
+                                               "--deterministic", "true", *extra, epochs=1, batch=32, long=True, **kw)
+        b.ringtrain(*run("init", "--momentum", 0, lr="1e-30"), env=fp32)
+        b.ringtrain(*run("unfused"), env=fp32)
+        text = b.ringtrain(*run("fused", "--fused-norm"), env=fp32)
+        fell_back = [l for l in text.splitlines() if l.startswith("--fused-norm:")]
+        w = {n: weights(out / f"fused-{n}") for n in ("init", "unfused", "fused")}
+        found = {"fused_vs_unfused": rel_diff(w["fused"], w["unfused"], w["unfused"], w["init"]),
+                 "bound": FUSED_TRAINING, "fell_back": fell_back, "steps": long_steps}
+        if dry:
+            if not fell_back or found["fused_vs_unfused"] != 0:
+                raise Failed("--fused-norm on the CPU did not fall back to the very same run", **found)
+            return found
+        if fell_back or found["fused_vs_unfused"] > FUSED_TRAINING:
+            raise Failed("--fused-norm did not run its kernels, or trained otherwise", **found)
+        return found
+
+    b.check("fused_norm_training", "correctness", fused_training)
+
     def host_syncs():
         # RINGTRAIN_CUDA_SYNC_DEBUG=warn: libtorch warns of each host synchronisation inside the
         # training loop's body from epoch 2 on, and in bench's timed steps. The goal is none in a
@@ -583,6 +689,46 @@ def main():
                 "--steps", n, "--warmup", warm, "--amp", amp_of("bf16"), "--channels-last", "true"]
         b.check(f"step_{model}_bf16", "speed", lambda args=args: bench_figures(
             b.ringtrain(*args, "--vs-pytorch", "--python", b.python), vs_pytorch=True, memory=not dry))
+
+    # --fused-norm's step against eager PyTorch (same run), in both precisions.
+    def fused_step(amp):
+        batch, img, n, warm = (2, 32, 2, 1) if dry else (256, 224, 50, 15)
+        text = b.ringtrain("bench", "--model", "resnet50", "--batch-size", batch, "--img-size", img, "--device", dev,
+                           "--steps", n, "--warmup", warm, "--amp", amp_of(amp), "--channels-last", "true",
+                           "--fused-norm", "--vs-pytorch", "--python", b.python)
+        found = bench_figures(text, vs_pytorch=True, memory=not dry)
+        found["fell_back"] = [l for l in text.splitlines() if l.startswith("--fused-norm:")]
+        if found["fell_back"] and not dry:
+            raise Failed("--fused-norm fell back to the unfused BatchNorm", **found)
+        return found
+
+    for amp in ("bf16", "fp16"):
+        b.check(f"step_resnet50_{amp}_fused_norm", "speed", lambda amp=amp: fused_step(amp))
+
+    # Where the time goes: ringtrain, eager PyTorch and torch.compile profiled over the same
+    # steps (5 after the timed ones), the three traces in one table by kernel class.
+    def profiled(model, batch, img, extra=(), tag="", compiled=True):
+        d = out / f"profile-{model}-bf16{tag}"
+        # Dry: ResNet-18-cifar for every profile (ConvNeXt's depthwise convolutions in bf16 make
+        # the CPU's trace some 500,000 operators a step).
+        (model, batch, img, n, warm), k = (("resnet18-cifar", 2, 32, 2, 1), 2) if dry else ((model, batch, img, 20, 10), 5)
+        text = b.ringtrain("bench", "--model", model, "--batch-size", batch, "--img-size", img, "--device", dev,
+                           "--steps", n, "--warmup", warm, "--amp", "bf16", "--channels-last", "true", *extra,
+                           "--profile", d, "--profile-steps", k, "--vs-pytorch", "--python", b.python)
+        traces, labels = [d / "trace.json", d / "pytorch" / "trace.json"], ["ringtrain", "eager"]
+        if compiled:
+            env = {"TORCH_STEP_COMPILE": "1", "TORCH_STEP_PROFILE": str(d / "compile"),
+                   "TORCH_STEP_PROFILE_STEPS": str(k), **({"TORCH_COMPILE_DISABLE": "1"} if dry else {})}
+            b.run([b.python, HERE / "torch_step.py", model, batch, img, "bf16", 1, dev, n, warm, min(10, n)], env=env)
+            traces.append(d / "compile" / "trace.json")
+            labels.append("compile")
+        table = b.ringtrain("trace-table", *traces, "--labels", ",".join(labels), "--csv", d / "table.csv")
+        return {**bench_figures(text, vs_pytorch=True, memory=not dry), "table": table.strip().splitlines()}
+
+    b.check("profile_resnet50_bf16", "speed", lambda: profiled("resnet50", 256, 224))
+    b.check("profile_resnet50_bf16_fused_norm", "speed",
+            lambda: profiled("resnet50", 256, 224, ["--fused-norm"], "-fused", compiled=False))
+    b.check("profile_convnext_tiny_bf16", "speed", lambda: profiled("convnext_tiny", 128, 224))
 
     shared = HERE / "shared" / "bench_loader.py"
     if shared.is_file() and not dry:

@@ -8,6 +8,10 @@ With TORCH_STEP_COMPILE=1 in the environment the model is wrapped in torch.compi
 fastest configuration; the warm-up steps then include the compilation), in the mode named by
 TORCH_STEP_COMPILE_MODE if set (e.g. reduce-overhead, which replays CUDA graphs, or
 max-autotune).
+With TORCH_STEP_PROFILE=DIR, TORCH_STEP_PROFILE_STEPS (default 5) more steps run after the timed
+ones under torch.profiler, each in a "ProfilerStep#N" scope as `ringtrain bench --profile` marks
+its own; the Chrome trace goes to DIR/trace.json and the output gains
+"profile": {"trace": ..., "measured_ms": ...} (the clock's milliseconds per profiled step).
 """
 import json
 import os
@@ -49,6 +53,14 @@ def main(model, batch, size, amp, channels_last, device, steps, warmup, window):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
+    def step():
+        with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = torch.nn.functional.cross_entropy(fwd(x), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
     rates, t0 = [], None
     for i in range(warmup + steps):
         if i >= warmup and (i - warmup) % window == 0:
@@ -57,16 +69,37 @@ def main(model, batch, size, amp, channels_last, device, steps, warmup, window):
             if t0 is not None:
                 rates.append(window * batch / (now - t0))
             t0 = now
-        with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = torch.nn.functional.cross_entropy(fwd(x), y)
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
+        step()
     sync()
     rates.append(window * batch / (time.perf_counter() - t0)) if (steps % window == 0) else None
     peak = torch.cuda.max_memory_allocated(dev) if cuda else None
-    print(json.dumps({"images_per_s": statistics.median(rates), "peak_memory_bytes": peak}))
+    out = {"images_per_s": statistics.median(rates), "peak_memory_bytes": peak}
+    if os.environ.get("TORCH_STEP_PROFILE"):
+        out["profile"] = profile(step, cuda, sync, os.environ["TORCH_STEP_PROFILE"],
+                                 int(os.environ.get("TORCH_STEP_PROFILE_STEPS", "5")))
+    print(json.dumps(out))
+
+
+def profile(step, cuda, sync, out_dir, n):
+    """n steps under torch.profiler, as ringtrain bench --profile runs its own; the trace is
+    written atomically (a temporary file, fsync, rename)."""
+    from torch.profiler import ProfilerActivity, record_function
+    os.makedirs(out_dir, exist_ok=True)
+    trace, tmp = os.path.join(out_dir, "trace.json"), os.path.join(out_dir, ".trace.json.tmp")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    with torch.profiler.profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for i in range(n):
+            with record_function(f"ProfilerStep#{i + 1}"):
+                step()
+        sync()
+        measured_ms = (time.perf_counter() - t0) * 1000 / n
+    prof.export_chrome_trace(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, trace)
+    return {"trace": trace, "measured_ms": measured_ms}
 
 
 if __name__ == "__main__":

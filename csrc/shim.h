@@ -155,6 +155,46 @@ rt_tensor* rt_sync_batch_norm(rt_pg* pg, rt_tensor* x, rt_tensor* weight, rt_ten
                               rt_tensor* running_mean, rt_tensor* running_var, double momentum,
                               double eps);
 
+// ---- Profiling (profile.cpp): libtorch's Kineto profiler over CPU ops (and CUDA kernels with
+// cuda != 0) from start to stop, saved as a Chrome trace; a named user scope (what
+// torch.profiler's "ProfilerStep#N" is) from begin to end.
+int rt_profiler_start(int cuda);
+int rt_profiler_stop(const char* trace_path);
+typedef struct rt_record rt_record;
+rt_record* rt_record_begin(const char* name);
+void rt_record_end(rt_record* r);
+
+// ---- Fused BatchNorm (+ residual) + ReLU for channels_last training (fused_norm.cpp): the
+// Triton kernels compiled when ringtrain was built, launched through the CUDA driver.
+// The images are static data of the binary, registered once (block_m, block_c: the kernels'
+// tile, kernels/bn_act.py). arch: 80, 90, 100 (major·10 + minor); ptx != 0 for PTX text
+// (NUL-terminated), else a cubin.
+typedef struct {
+  const char* variant;  // e.g. "bn_act_forward.f16.res.a16"
+  int arch;
+  int ptx;
+  const char* symbol;
+  int num_warps;
+  int shared_bytes;
+  int params;  // what the kernel takes, Triton's two scratch pointers included
+  const unsigned char* image;
+} rt_kernel_image;
+int rt_fused_set_images(const rt_kernel_image* images, int n, int64_t block_m, int64_t block_c);
+// Loads the kernels for `device` (once); -1 and the error when they cannot run there.
+int rt_fused_prepare(int device);
+// relu(batch_norm(x) [+ residual]) in training mode, running statistics updated, with its
+// autograd graph; residual may be null. Null with *why_not set when the kernels do not cover the
+// call (the caller then runs the unfused ops); null with why_not null on failure.
+rt_tensor* rt_fused_bn_relu(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, rt_tensor* residual,
+                            rt_tensor* running_mean, rt_tensor* running_var, double momentum, double eps,
+                            const char** why_not);
+// For the tests: forward and backward (with upstream gradient dy) through the same autograd
+// Function, on any device, recording each kernel launch as a line of text instead of running
+// it. grads: dx, dw, db, dresidual (null without a residual). Null on failure.
+const char* rt_fused_bn_relu_record(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, rt_tensor* residual,
+                                    rt_tensor* running_mean, rt_tensor* running_var, double momentum,
+                                    double eps, int64_t sm_count, rt_tensor* dy, rt_tensor** grads);
+
 #ifdef __cplusplus
 }
 #endif

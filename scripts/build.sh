@@ -12,7 +12,7 @@ _ringtrain_quiet=--quiet
 if [ ! -x "$bin" ]; then
   echo "[build] first build: compiling ringtrain, its C++ shim and $(grep -c '^name = ' "$_ringtrain_root/Cargo.lock") crates in release mode (about 5 minutes on 2 cores; later builds take seconds)" >&2
   [ -t 2 ] && _ringtrain_quiet=
-elif [ -n "$(cd "$_ringtrain_root" && find src csrc build.rs build_support Cargo.toml Cargo.lock -newer "$bin" -print -quit 2>/dev/null)" ]; then
+elif [ -n "$(cd "$_ringtrain_root" && find src csrc kernels build.rs build_support Cargo.toml Cargo.lock -newer "$bin" -print -quit 2>/dev/null)" ]; then
   echo "[build] the sources changed: rebuilding ringtrain (about half a minute on 2 cores)" >&2
   [ -t 2 ] && _ringtrain_quiet=
 fi

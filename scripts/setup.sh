@@ -8,14 +8,14 @@
 #   RINGTRAIN_CACHE) holding libtorch 2.11.0 (the torch wheel: CPU + CUDA 13.0, cuDNN, NCCL),
 #   the CUDA headers the NCCL part of the shim compiles against, and the Python packages the tests
 #   use as independent references (torchvision, timm, webdataset, datasets, safetensors, scikit-learn,
-#   tensorboard).
+#   tensorboard). torch brings Triton, which compiles ringtrain's fused kernels when it is built.
 #
 # Re-running it is cheap: each step checks a stamp first.
 set -euo pipefail
 
 CACHE="${RINGTRAIN_CACHE:-$HOME/.cache/ringtrain}"
 VENV="$CACHE/venv"
-STAMP="$VENV/.ringtrain-setup-v4"
+STAMP="$VENV/.ringtrain-setup-v5"
 PY_PACKAGES=(
   "torch==2.11.0"
   "torchvision==0.26.0"
@@ -27,7 +27,9 @@ PY_PACKAGES=(
   "scikit-learn"
   "tensorboard"
   "auditwheel==6.8.2"
-  "numpy"
+  # Triton's interpreter (the fused kernels' CPU tests) converts 1-element arrays to ints, which
+  # numpy 2.4 refuses.
+  "numpy<2.4"
   "pillow"
 )
 

@@ -197,6 +197,9 @@ pub struct TrainConfig {
     pub sync_bn: bool,
     /// Capture the whole training step as one CUDA graph and replay it (CUDA only).
     pub cuda_graphs: bool,
+    /// BatchNorm + (residual add) + ReLU through ringtrain's fused kernels where they apply
+    /// (CUDA, channels_last, the ResNet family); the unfused ops elsewhere.
+    pub fused_norm: bool,
     /// Fine-tune from these weights: a safetensors or PyTorch file with torchvision's names,
     /// `torchvision:NAME[.VARIANT]` or `hf-hub:ORG/NAME`.
     pub pretrained: Option<WeightsSource>,
@@ -299,6 +302,7 @@ impl Default for TrainConfig {
             zero_init_residual: false,
             sync_bn: false,
             cuda_graphs: false,
+            fused_norm: false,
             report_every_epoch: false,
             pretrained: None,
             pretrained_key: None,
@@ -768,6 +772,7 @@ impl TrainConfig {
             img_size: self.img_size,
             drop_path: self.drop_path,
             dropout: self.dropout,
+            fused_norm: self.fused_norm,
         }
     }
 

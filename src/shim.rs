@@ -15,6 +15,10 @@ mod ffi {
     pub struct RtCudaGraph {
         _private: [u8; 0],
     }
+    #[repr(C)]
+    pub struct RtRecord {
+        _private: [u8; 0],
+    }
     extern "C" {
         pub fn rt_last_error() -> *const c_char;
         pub fn rt_set_log_level(level: c_int);
@@ -67,6 +71,10 @@ mod ffi {
             grad_scale: *mut torch_sys::C_tensor,
             found_inf: *mut torch_sys::C_tensor,
         ) -> c_int;
+        pub fn rt_profiler_start(cuda: c_int) -> c_int;
+        pub fn rt_profiler_stop(trace_path: *const c_char) -> c_int;
+        pub fn rt_record_begin(name: *const c_char) -> *mut RtRecord;
+        pub fn rt_record_end(r: *mut RtRecord);
         pub fn rt_cuda_use_side_stream(device: c_int) -> c_int;
         pub fn rt_cuda_graph_begin(device: c_int) -> *mut RtCudaGraph;
         pub fn rt_cuda_graph_end(g: *mut RtCudaGraph) -> c_int;
@@ -401,6 +409,41 @@ impl Drop for SyncWarnings {
 pub fn set_cuda_device(index: usize) -> Result<()> {
     check(unsafe { ffi::rt_cuda_set_device(index as c_int) })?;
     Ok(())
+}
+
+/// libtorch's Kineto profiler (what torch.profiler runs): CPU operators, and with `cuda` the
+/// CUDA kernels, copies and API calls, from here until `profiler_stop`.
+pub fn profiler_start(cuda: bool) -> Result<()> {
+    check(unsafe { ffi::rt_profiler_start(cuda as c_int) })?;
+    Ok(())
+}
+
+/// Ends the profiler and writes what it saw to `path` as a Chrome trace (JSON).
+pub fn profiler_stop(path: &std::path::Path) -> Result<()> {
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    check(unsafe { ffi::rt_profiler_stop(path.as_ptr()) })?;
+    Ok(())
+}
+
+/// A named scope in the profiler's trace while it lives (torch.profiler's record_function):
+/// `ProfilerStep#N` marks a step.
+pub struct RecordScope(*mut ffi::RtRecord);
+
+impl RecordScope {
+    pub fn begin(name: &str) -> Result<RecordScope> {
+        let name = std::ffi::CString::new(name)?;
+        let r = unsafe { ffi::rt_record_begin(name.as_ptr()) };
+        if r.is_null() {
+            bail!("libtorch: {}", last_error());
+        }
+        Ok(RecordScope(r))
+    }
+}
+
+impl Drop for RecordScope {
+    fn drop(&mut self) {
+        unsafe { ffi::rt_record_end(self.0) }
+    }
 }
 
 /// Time the current CUDA stream of a device spends between `start` and `stop`, as a pair of

@@ -76,6 +76,10 @@ fn the_bundle_finds_libtorch_through_its_launcher_only() {
     for envs in [vec![], vec![("RINGTRAIN_LIBTORCH", torch_lib)]] {
         let o = launch(&b.join("ringtrain"), &["--version"], d.path(), &envs);
         assert!(o.status.success() && text(&o).contains("libtorch 2.11.0"), "{envs:?}: {}", text(&o));
+        // The fused kernels were compiled into the bundled binary.
+        let fused = ringtrain::model::fused::describe();
+        assert!(fused.contains("kernels for sm_80, sm_90, sm_100"), "{fused}");
+        assert!(text(&o).contains(&format!("fused kernels (--fused-norm): {fused}")), "{}", text(&o));
     }
     // doctor says how the launcher found it.
     let o = launch(&b.join("ringtrain"), &["doctor"], d.path(), &[]);
@@ -141,6 +145,8 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
         "fp16_overflow_backs_off",
         "sigterm_then_resume",
         "train_cuda_graphs",
+        "fused_norm_numerics",
+        "fused_norm_training",
         "host_syncs_per_step",
     ]
     .map(String::from)
@@ -162,6 +168,11 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
         want.extend(["raw_pack", "on_device"].map(|how| format!("end_to_end_{model}_bf16_{how}")));
     }
     want.extend(["step_convnext_tiny_bf16", "step_vit_b_16_bf16"].map(String::from));
+    // --fused-norm against eager PyTorch, then ringtrain, eager and torch.compile profiled.
+    want.extend(["bf16", "fp16"].map(|amp| format!("step_resnet50_{amp}_fused_norm")));
+    want.extend(
+        ["profile_resnet50_bf16", "profile_resnet50_bf16_fused_norm", "profile_convnext_tiny_bf16"].map(String::from),
+    );
     assert_eq!(names, want);
     for c in checks {
         assert_eq!(c["passed"], true, "{c:#}");
@@ -177,6 +188,15 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     assert!(low["accum_vs_single"].as_f64().unwrap() > 1e-4, "bf16 changed nothing? {ranks:#}");
     assert!(low["dual_vs_single"].as_f64().unwrap() <= low["bound"].as_f64().unwrap(), "{ranks:#}");
     assert_eq!(details("sigterm_then_resume")["deterministic"]["bit_identical"], true);
+    // On the CPU --fused-norm falls back, says so, and changes nothing.
+    let fused = details("fused_norm_training");
+    assert_eq!(fused["fused_vs_unfused"].as_f64(), Some(0.0), "{fused:#}");
+    assert_eq!(fused["fell_back"].as_array().unwrap().len(), 1, "{fused:#}");
+    // The profile table has the three traces' columns and the classes' rows.
+    let table: Vec<&str> =
+        details("profile_resnet50_bf16")["table"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    assert!(table[0].contains("ringtrain (CPU)") && table[0].contains("eager (CPU)") && table[0].contains("compile (CPU)"));
+    assert!(table.iter().any(|l| l.starts_with("convolution forward")), "{table:?}");
     let doctor = details("doctor")["lines"].as_array().unwrap();
     assert!(doctor.iter().any(|l| l.as_str().unwrap().contains("found by the bundle's launcher")), "{doctor:?}");
     assert!(out.join("battery.log").is_file());

@@ -6,9 +6,9 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-const COMMANDS: [&str; 13] = [
+const COMMANDS: [&str; 14] = [
     "train", "demo", "eval", "predict", "bench", "bench-data", "split", "stats", "pack", "convert", "doctor", "compare",
-    "lr-find",
+    "lr-find", "trace-table",
 ];
 
 fn doc_files() -> Vec<std::path::PathBuf> {

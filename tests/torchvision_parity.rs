@@ -40,6 +40,7 @@ fn deterministic(kind: ModelKind, img_size: u32) -> ModelOptions {
         img_size,
         drop_path: kind.default_drop_path().map(|_| 0.0),
         dropout: kind.default_dropout().map(|_| 0.0),
+        fused_norm: false,
     }
 }
 

@@ -196,6 +196,10 @@ fn pip_installs_the_wheel_whose_command_finds_torch_trains_and_uninstalls_cleanl
     for (program, args) in [(&command, &["--version"][..]), (&python, &["-m", "ringtrain", "--version"][..])] {
         let o = launch(program, args, &cwd, &[]);
         assert!(o.status.success() && text(&o).contains("libtorch 2.11.0"), "{args:?}: {}", text(&o));
+        // The fused kernels were compiled into the wheel's binary.
+        let fused = ringtrain::model::fused::describe();
+        assert!(fused.contains("kernels for sm_80, sm_90, sm_100"), "{fused}");
+        assert!(text(&o).contains(&format!("fused kernels (--fused-norm): {fused}")), "{}", text(&o));
     }
     // The binary alone cannot start: it loads only the libtorch the entry point found.
     let installed = site.join("ringtrain/bin/ringtrain");

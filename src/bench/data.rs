@@ -95,7 +95,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
             o.device,
             o.amp,
             o.channels_last,
-            false,
+            Default::default(),
         )?),
         None => None,
     };

@@ -4,7 +4,10 @@
 //! from the CUDA caching allocator. `--vs-pytorch` runs that script in the same invocation and
 //! prints the ratio. `data` measures the input pipeline the same way (`ringtrain bench-data`).
 pub mod data;
+pub mod fused_check;
+pub mod profile;
 pub mod reference;
+pub mod trace_table;
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -36,14 +39,27 @@ pub struct BenchOptions {
     pub warmup: usize,
     /// Steps per timed window.
     pub window: usize,
-    /// The step replayed as one CUDA graph (`--cuda-graphs`).
-    pub cuda_graphs: bool,
+    /// `--cuda-graphs`, `--fused-norm`.
+    pub flags: StepFlags,
+    /// `--profile`: steps to profile after the timed ones, and where the trace goes.
+    pub profile: Option<profile::ProfileOptions>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct BenchResult {
     pub images_per_s: f64,
     pub peak_memory_bytes: Option<u64>,
+    #[serde(default)]
+    pub profile: Option<profile::ProfiledSteps>,
+}
+
+/// How a benchmarked step runs beyond its model and precision.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepFlags {
+    /// The step replayed as one CUDA graph (`--cuda-graphs`).
+    pub cuda_graphs: bool,
+    /// BatchNorm + (add) + ReLU through the fused kernels (`--fused-norm`).
+    pub fused_norm: bool,
 }
 
 /// The training step of `train` itself (the `Trainer`: micro-step, then optimizer step, with
@@ -65,7 +81,7 @@ impl TrainStep {
         device: Device,
         amp: Option<Kind>,
         channels_last: bool,
-        cuda_graphs: bool,
+        flags: StepFlags,
     ) -> Result<Self> {
         let cfg = TrainConfig {
             model,
@@ -81,7 +97,8 @@ impl TrainStep {
                 _ => AmpMode::Off,
             },
             channels_last: Some(channels_last),
-            cuda_graphs,
+            cuda_graphs: flags.cuda_graphs,
+            fused_norm: flags.fused_norm,
             ..Default::default()
         };
         let pg = Rc::new(ProcessGroup::single(device));
@@ -112,7 +129,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
     if o.device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
-    let mut step = TrainStep::new(o.model, o.img_size, 1000, o.device, o.amp, o.channels_last, o.cuda_graphs)?;
+    let mut step = TrainStep::new(o.model, o.img_size, 1000, o.device, o.amp, o.channels_last, o.flags)?;
     let mut x = Tensor::randn(
         [o.batch_size as i64, 3, o.img_size as i64, o.img_size as i64],
         (Kind::Float, o.device),
@@ -154,13 +171,19 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
         Device::Cuda(i) => shim::cuda_peak_memory(i),
         _ => None,
     };
+    let profile = match &o.profile {
+        Some(p) => Some(profile::run(&mut step, &x, &y, o.device, p)?),
+        None => None,
+    };
     Ok(BenchResult {
         images_per_s: median,
         peak_memory_bytes,
+        profile,
     })
 }
 
-/// Runs `bench/torch_step.py` with the same settings in `python`.
+/// Runs `bench/torch_step.py` with the same settings in `python` (profiled into `--profile`'s
+/// pytorch/ folder when given).
 pub fn run_pytorch(o: &BenchOptions, python: &str, script: &PathBuf) -> Result<BenchResult> {
     let args = [
         o.model.to_string(),
@@ -173,7 +196,14 @@ pub fn run_pytorch(o: &BenchOptions, python: &str, script: &PathBuf) -> Result<B
         o.warmup.to_string(),
         o.window.to_string(),
     ];
-    Ok(serde_json::from_value(run_reference(python, script, &args)?)?)
+    let env: Vec<(&str, String)> = match &o.profile {
+        Some(p) => vec![
+            ("TORCH_STEP_PROFILE", p.dir.join("pytorch").display().to_string()),
+            ("TORCH_STEP_PROFILE_STEPS", p.steps.to_string()),
+        ],
+        None => vec![],
+    };
+    Ok(serde_json::from_value(run_reference_with(python, script, &args, &env)?)?)
 }
 
 /// The reference scripts' names for a precision and a device.
@@ -194,9 +224,20 @@ pub fn device_name(device: Device) -> String {
 
 /// Runs a PyTorch reference script; its last line of output is one JSON object.
 pub fn run_reference(python: &str, script: &Path, args: &[String]) -> Result<serde_json::Value> {
+    run_reference_with(python, script, args, &[])
+}
+
+/// `run_reference` with variables added to the script's environment.
+pub fn run_reference_with(
+    python: &str,
+    script: &Path,
+    args: &[String],
+    env: &[(&str, String)],
+) -> Result<serde_json::Value> {
     let out = std::process::Command::new(python)
         .arg(script)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .with_context(|| format!("running {python} {}", script.display()))?;
     if !out.status.success() {

@@ -83,6 +83,18 @@ pub enum Command {
     /// Measure the input pipeline on an ImageFolder directory, alone or feeding the training
     /// step (optionally against PyTorch's DataLoader).
     BenchData(BenchDataArgs),
+    /// Where each training step's time goes, from Chrome traces of libtorch's profiler, side
+    /// by side: ringtrain bench --profile's, or torch.profiler's (export_chrome_trace, with
+    /// prof.step() marking the steps).
+    ///
+    /// Milliseconds per step by class (convolution forward, data and weight gradients, matrix
+    /// multiplies, normalisation, pointwise, reductions, optimizer, copies, exposed
+    /// communication, idle), the host's busy time, and the largest kernels or operators.
+    TraceTable(TraceTableArgs),
+    /// The fused BatchNorm kernels on this GPU, forward and backward, written for the GPU
+    /// battery to check against PyTorch (bench/gpu_battery.py).
+    #[command(hide = true)]
+    FusedCheck(FusedCheckArgs),
     /// Split an ImageFolder tree into <out>/train and <out>/val, stratified per class.
     Split(SplitArgs),
     /// Exact per-channel mean and std over all pixels of a folder, as Normalize arguments.
@@ -124,6 +136,31 @@ pub struct CompareArgs {
     /// Also draw the runs' validation top-1 and loss per epoch into this PNG, one colour per run.
     #[arg(long, value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct TraceTableArgs {
+    /// Chrome trace files (.json, or .json.gz), one column each.
+    #[arg(value_name = "TRACE", required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Each column's name, in the traces' order [default: the file names].
+    #[arg(long, value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// How many of each trace's largest kernels or operators to list.
+    #[arg(long, default_value_t = 15)]
+    pub top: usize,
+    /// Also write every figure (classes, step, host, each kernel or operator) to this CSV file.
+    #[arg(long, value_name = "FILE.csv")]
+    pub csv: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct FusedCheckArgs {
+    /// The safetensors file to write every case's inputs and outputs to.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceSpec,
 }
 
 #[derive(Args)]
@@ -254,6 +291,18 @@ pub struct BenchArgs {
     /// Replay the step as one CUDA graph (captured after the first eager steps; CUDA only).
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// BatchNorm + (add) + ReLU through the fused kernels where they apply (as train's flag).
+    #[arg(long)]
+    pub fused_norm: bool,
+    /// Also profile --profile-steps steps after the timed ones (libtorch's Kineto profiler) and
+    /// write DIR/trace.json (Chrome trace: Perfetto, chrome://tracing, TensorBoard) and
+    /// DIR/profile.txt, the time per step by kernel class (printed too). With --vs-pytorch the
+    /// PyTorch reference is profiled the same way into DIR/pytorch/.
+    #[arg(long, value_name = "DIR")]
+    pub profile: Option<PathBuf>,
+    /// Steps in the profile.
+    #[arg(long, default_value_t = 5)]
+    pub profile_steps: usize,
     #[command(flatten)]
     pub run: BenchRunArgs,
 }
@@ -594,6 +643,11 @@ pub struct TrainArgs {
     /// --accum-steps).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub cuda_graphs: Option<bool>,
+    /// BatchNorm, the residual add and ReLU of the ResNet family through ringtrain's fused
+    /// kernels (built ahead of time; CUDA GPUs of compute capability 8.0 or newer, channels_last);
+    /// every layer or device they do not cover runs the unfused ops, and says so once.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub fused_norm: Option<bool>,
     /// Fine-tune from these weights: a file (safetensors, or a PyTorch .pth/.pt/.bin checkpoint,
     /// read without unpickling), torchvision:NAME[.VARIANT] (torchvision's ImageNet weights, e.g.
     /// torchvision:resnet50; from the torch hub cache, else downloaded into it) or

@@ -5,6 +5,8 @@ mod args;
 mod defaults;
 mod lr_find;
 
+use std::path::Path;
+
 use anyhow::Result;
 
 use crate::bench::reference;
@@ -19,11 +21,11 @@ use crate::infer::evaluate::{self, EvaluateOptions};
 use crate::model::{Model, ModelKind};
 use crate::infer::predict::{self, PredictOptions};
 use crate::report::progress::warn_unreadable;
-use crate::say;
+use crate::{bail_user, say};
 use crate::shim;
 use args::{
     BenchArgs, BenchDataArgs, Cli, Command, CompareArgs, ConvertArgs, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
-    TrainArgs,
+    TraceTableArgs, TrainArgs,
 };
 
 fn dispatch(cli: Cli) -> Result<()> {
@@ -41,6 +43,12 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Compare(args)) => compare(&args),
         Some(Command::Bench(args)) => bench(&args),
         Some(Command::BenchData(args)) => bench_data(&args),
+        Some(Command::TraceTable(args)) => trace_table(&args),
+        Some(Command::FusedCheck(args)) => {
+            let n = crate::bench::fused_check::run(args.device.resolve()?, &args.out)?;
+            say!("{n} cases of the fused kernels written to {}", args.out.display());
+            Ok(())
+        }
         Some(Command::Split(args)) => split(&args),
         Some(Command::Stats(args)) => stats(&args),
         Some(Command::Pack(args)) => pack(&args),
@@ -257,6 +265,9 @@ fn compare(a: &CompareArgs) -> Result<()> {
 fn bench(a: &BenchArgs) -> Result<()> {
     let device = a.run.device.resolve()?;
     reference::check_step_settings(a.batch_size, a.steps)?;
+    if a.profile.is_some() && a.profile_steps == 0 {
+        bail_user!("--profile-steps must be at least 1");
+    }
     let (steps, window) = reference::timed_windows(a.steps);
     let o = crate::bench::BenchOptions {
         model: a.model,
@@ -268,7 +279,14 @@ fn bench(a: &BenchArgs) -> Result<()> {
         steps,
         warmup: a.warmup,
         window,
-        cuda_graphs: a.cuda_graphs,
+        flags: crate::bench::StepFlags {
+            cuda_graphs: a.cuda_graphs,
+            fused_norm: a.fused_norm,
+        },
+        profile: a.profile.clone().map(|dir| crate::bench::profile::ProfileOptions {
+            dir,
+            steps: a.profile_steps,
+        }),
     };
     let mem = |b: Option<u64>| {
         b.map(|b| format!(", peak memory {:.2} GiB", b as f64 / (1u64 << 30) as f64))
@@ -282,7 +300,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
         o.device,
         o.amp,
         o.channels_last,
-        if o.cuda_graphs { ", CUDA graphs" } else { "" },
+        if o.flags.cuda_graphs { ", CUDA graphs" } else { "" },
         o.steps
     );
     let ours = crate::bench::run(&o)?;
@@ -291,6 +309,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
         reference::rate(ours.images_per_s),
         mem(ours.peak_memory_bytes)
     );
+    let mut profiled = vec![("ringtrain", ours.profile.clone())];
     if a.run.vs_pytorch {
         let script = reference::script("torch_step.py")?;
         let theirs = crate::bench::run_pytorch(&o, &reference::python(a.run.python.as_deref()), &script)?;
@@ -303,8 +322,75 @@ fn bench(a: &BenchArgs) -> Result<()> {
             "ratio ringtrain / pytorch: {:.3}",
             ours.images_per_s / theirs.images_per_s
         );
+        profiled.push(("pytorch", theirs.profile));
+    }
+    if let Some(p) = &o.profile {
+        profile_tables(&p.dir, &profiled)?;
     }
     Ok(())
+}
+
+fn trace_table(a: &TraceTableArgs) -> Result<()> {
+    use crate::bench::trace_table;
+    if !a.labels.is_empty() && a.labels.len() != a.traces.len() {
+        bail_user!("--labels names {} columns for {} traces", a.labels.len(), a.traces.len());
+    }
+    // Columns are named by --labels, else by file name, else (names alike) by path.
+    let file_name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    let names_alike = a.traces.iter().filter(|p| a.traces.iter().filter(|q| file_name(q) == file_name(p)).count() > 1).count() > 0;
+    let mut read = Vec::new();
+    for (i, path) in a.traces.iter().enumerate() {
+        let label = match (a.labels.get(i), file_name(path)) {
+            (Some(l), _) => l.clone(),
+            (None, Some(name)) if !names_alike => name,
+            _ => path.display().to_string(),
+        };
+        if !path.is_file() {
+            bail_user!("trace file does not exist: {}", path.display());
+        }
+        read.push((label, trace_table::read(path)?));
+    }
+    let columns: Vec<_> = read.iter().map(|(l, p)| (l.as_str(), p, None)).collect();
+    let mut text = trace_table::table(&columns);
+    let mut rows = Vec::new();
+    for (label, p) in &read {
+        if a.top > 0 {
+            text += &format!("\n{label}: the largest kernels and operators\n{}", trace_table::top_names(p, a.top));
+        }
+        rows.extend(trace_table::csv_rows(label, p));
+    }
+    say!("{}", text.trim_end());
+    if let Some(path) = &a.csv {
+        crate::bench::profile::write_csv(path, &rows)?;
+    }
+    Ok(())
+}
+
+/// `bench --profile`: the profiled steps' table, side by side, printed and written to
+/// DIR/profile.txt and DIR/profile.csv.
+fn profile_tables(dir: &Path, profiled: &[(&str, Option<crate::bench::profile::ProfiledSteps>)]) -> Result<()> {
+    use crate::bench::trace_table;
+    let mut read = Vec::new();
+    for (label, run) in profiled {
+        let Some(run) = run else {
+            bail_user!("--profile: the {label} run wrote no trace");
+        };
+        read.push((*label, trace_table::read(&run.trace)?, Some(run.measured_ms), run.trace.clone()));
+    }
+    let columns: Vec<_> = read.iter().map(|(l, p, m, _)| (*l, p, *m)).collect();
+    let mut text = format!("where each step's time goes (libtorch's profiler; {})\n", dir.display());
+    text += &trace_table::table(&columns);
+    let mut rows = Vec::new();
+    for (label, p, measured, trace) in &read {
+        text += &format!("\n{label}: the largest kernels and operators ({})\n", trace.display());
+        text += &trace_table::top_names(p, 15);
+        rows.extend(trace_table::csv_rows(label, p));
+        if let Some(ms) = measured {
+            rows.push([(*label).into(), "measured".into(), "step measured by the clock".into(), format!("{ms:.6}")]);
+        }
+    }
+    say!("{}", text.trim_end());
+    crate::bench::profile::write_tables(dir, &text, &rows)
 }
 
 fn bench_data(a: &BenchDataArgs) -> Result<()> {
@@ -514,6 +600,7 @@ fn version() -> String {
     if let Some(v) = shim::cudnn_version() {
         s += &format!("\ncuDNN {v}");
     }
+    s += &format!("\nfused kernels (--fused-norm): {}", crate::model::fused::describe());
     s
 }
 

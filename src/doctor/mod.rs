@@ -91,6 +91,7 @@ fn build() -> Vec<Check> {
         yes_no(crate::dist::process_group::nccl_available()),
     ))];
     c.push(libtorch());
+    c.push(ok(format!("fused kernels (--fused-norm): {}", crate::model::fused::describe())));
     if !shim::built_with_cuda() {
         return c;
     }

@@ -1,7 +1,8 @@
 //! BatchNorm2d with torchvision's names (`weight`, `bias`, `running_mean`, `running_var`) that
 //! becomes SyncBatchNorm while a process group is registered with `sync_batch_norm` (`--sync-bn`):
 //! in training mode its statistics are those of the global batch (csrc/sync_bn.cpp); in eval mode
-//! it is plain BatchNorm and communicates nothing.
+//! it is plain BatchNorm and communicates nothing. With `--fused-norm`, `forward_relu` runs
+//! BatchNorm, the residual add and ReLU as fused kernels where they apply (model/fused.rs).
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use tch::nn::{self, ModuleT};
@@ -45,6 +46,8 @@ pub struct BatchNorm2d {
     bn: nn::BatchNorm,
     eps: f64,
     momentum: f64,
+    /// `forward_relu` tries the fused kernels first (`--fused-norm`).
+    fused: bool,
 }
 
 /// `nn.BatchNorm2d(c)`: weight 1 and bias 0, as PyTorch starts it. tch's default draws the
@@ -67,6 +70,7 @@ pub fn batch_norm2d_with(p: nn::Path, c: i64, eps: f64, momentum: f64) -> BatchN
         bn: nn::batch_norm2d(p, c, cfg),
         eps,
         momentum,
+        fused: false,
     }
 }
 
@@ -74,10 +78,41 @@ fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
     t.as_ptr() as *mut _
 }
 
+impl BatchNorm2d {
+    /// This layer's `forward_relu` tries the fused kernels (`--fused-norm`).
+    pub fn fused(mut self, on: bool) -> Self {
+        self.fused = on;
+        self
+    }
+
+    /// A frozen BatchNorm (`--freeze`) stays in eval mode: its running statistics are kept.
+    fn training(&self, train: bool) -> bool {
+        train && self.bn.ws.as_ref().is_none_or(|w| w.requires_grad())
+    }
+
+    /// relu(self(x) [+ residual]): the end of a ResNet block's branch. Through the fused kernels
+    /// when this layer has them on, trains, is not synchronised, and they cover `x`; otherwise
+    /// the unfused ops, exactly as the model wrote them before.
+    pub fn forward_relu(&self, x: &Tensor, residual: Option<&Tensor>, train: bool) -> Tensor {
+        if self.fused && self.training(train) && SYNC_GROUP.load(Ordering::SeqCst).is_null() {
+            if let (Some(w), Some(b)) = (&self.bn.ws, &self.bn.bs) {
+                let stats = [w, b, &self.bn.running_mean, &self.bn.running_var];
+                if let Some(y) = super::fused::bn_relu(x, stats, residual, self.momentum, self.eps) {
+                    return y;
+                }
+            }
+        }
+        let y = self.forward_t(x, train);
+        match residual {
+            Some(r) => (y + r).relu(),
+            None => y.relu(),
+        }
+    }
+}
+
 impl ModuleT for BatchNorm2d {
     fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        // A frozen BatchNorm (`--freeze`) stays in eval mode: its running statistics are kept.
-        let train = train && self.bn.ws.as_ref().is_none_or(|w| w.requires_grad());
+        let train = self.training(train);
         let pg = SYNC_GROUP.load(Ordering::SeqCst);
         if !train || pg.is_null() {
             return self.bn.forward_t(x, train);

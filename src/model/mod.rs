@@ -4,6 +4,7 @@ pub mod alexnet;
 pub mod batchnorm;
 pub mod convnext;
 pub mod efficientnet;
+pub mod fused;
 pub mod kind;
 pub mod layers;
 pub mod lenet;
@@ -90,6 +91,9 @@ pub struct ModelOptions {
     pub img_size: u32,
     pub drop_path: Option<f64>,
     pub dropout: Option<f64>,
+    /// BatchNorm + (add) + ReLU through the fused kernels where they apply (`--fused-norm`;
+    /// the ResNet family).
+    pub fused_norm: bool,
 }
 
 impl ModelOptions {
@@ -99,6 +103,7 @@ impl ModelOptions {
             img_size: kind.default_img_size(),
             drop_path: None,
             dropout: None,
+            fused_norm: false,
         }
     }
 }
@@ -164,7 +169,7 @@ impl Model {
         let drop_path = opts.drop_path.or(kind.default_drop_path()).unwrap_or(0.0);
         let dropout = opts.dropout.or(kind.default_dropout()).unwrap_or(0.0);
         let (net, layers) = match kind.arch() {
-            Arch::ResNet(s) => resnet::resnet(&root, &s, num_classes),
+            Arch::ResNet(s) => resnet::resnet(&root, &s, num_classes, resnet::BlockOptions { fused_norm: opts.fused_norm }),
             Arch::ConvNext(s) => convnext::convnext(&root, &s, num_classes, drop_path),
             Arch::EfficientNet(s) => efficientnet::efficientnet(&root, &s, num_classes, drop_path, dropout),
             Arch::MobileNetV3(s) => mobilenet::mobilenet_v3(&root, s, num_classes, dropout),

@@ -28,6 +28,13 @@ pub struct ResNetSpec {
     pub width_per_group: i64,
 }
 
+/// How a block ends its branches: BatchNorm then ReLU (or add then ReLU), fused with
+/// `--fused-norm` (model/fused.rs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BlockOptions {
+    pub fused_norm: bool,
+}
+
 impl Block {
     fn expansion(self) -> i64 {
         match self {
@@ -76,50 +83,43 @@ fn shortcut(ds: &Option<nn::SequentialT>, x: &Tensor, train: bool) -> Tensor {
     }
 }
 
-fn basic_block(p: nn::Path, cin: i64, planes: i64, stride: i64) -> impl ModuleT {
+fn basic_block(p: nn::Path, cin: i64, planes: i64, stride: i64, o: BlockOptions) -> impl ModuleT {
     let c1 = conv(&p / "conv1", cin, planes, 3, stride, 1);
-    let b1 = bn(&p / "bn1", planes);
+    let b1 = bn(&p / "bn1", planes).fused(o.fused_norm);
     let c2 = conv(&p / "conv2", planes, planes, 3, 1, 1);
-    let b2 = bn(&p / "bn2", planes);
+    let b2 = bn(&p / "bn2", planes).fused(o.fused_norm);
     let ds = downsample(&p / "downsample", cin, planes, stride);
     nn::func_t(move |x, train| {
-        let y = x.apply(&c1).apply_t(&b1, train).relu().apply(&c2).apply_t(&b2, train);
-        (y + shortcut(&ds, x, train)).relu()
+        let y = b1.forward_relu(&x.apply(&c1), None, train).apply(&c2);
+        b2.forward_relu(&y, Some(&shortcut(&ds, x, train)), train)
     })
 }
 
-fn bottleneck(p: nn::Path, cin: i64, planes: i64, stride: i64, spec: &ResNetSpec) -> impl ModuleT {
+fn bottleneck(p: nn::Path, cin: i64, planes: i64, stride: i64, spec: &ResNetSpec, o: BlockOptions) -> impl ModuleT {
     let out = planes * 4;
     let width = planes * spec.width_per_group / 64 * spec.groups;
     let c1 = conv(&p / "conv1", cin, width, 1, 1, 0);
-    let b1 = bn(&p / "bn1", width);
+    let b1 = bn(&p / "bn1", width).fused(o.fused_norm);
     let c2 = grouped_conv(&p / "conv2", width, width, 3, stride, 1, spec.groups);
-    let b2 = bn(&p / "bn2", width);
+    let b2 = bn(&p / "bn2", width).fused(o.fused_norm);
     let c3 = conv(&p / "conv3", width, out, 1, 1, 0);
-    let b3 = bn(&p / "bn3", out);
+    let b3 = bn(&p / "bn3", out).fused(o.fused_norm);
     let ds = downsample(&p / "downsample", cin, out, stride);
     nn::func_t(move |x, train| {
-        let y = x
-            .apply(&c1)
-            .apply_t(&b1, train)
-            .relu()
-            .apply(&c2)
-            .apply_t(&b2, train)
-            .relu()
-            .apply(&c3)
-            .apply_t(&b3, train);
-        (y + shortcut(&ds, x, train)).relu()
+        let y = b1.forward_relu(&x.apply(&c1), None, train).apply(&c2);
+        let y = b2.forward_relu(&y, None, train).apply(&c3);
+        b3.forward_relu(&y, Some(&shortcut(&ds, x, train)), train)
     })
 }
 
-pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> (nn::FuncT<'static>, LayerMap) {
+pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64, o: BlockOptions) -> (nn::FuncT<'static>, LayerMap) {
     let w = spec.widths;
     let (c1, mut layers_seq) = if spec.cifar_stem {
         (conv(p / "conv1", 3, w[0], 3, 1, 1), Vec::new())
     } else {
         (conv(p / "conv1", 3, w[0], 7, 2, 3), Vec::new())
     };
-    let b1 = bn(p / "bn1", w[0]);
+    let b1 = bn(p / "bn1", w[0]).fused(o.fused_norm);
     let mut cin = w[0];
     let mut map = LayerMap::new(&["conv1", "bn1"]);
     for (li, (&n, &planes)) in spec.layers.iter().zip(w.iter()).enumerate() {
@@ -130,8 +130,8 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> (nn::FuncT<'
             let bp = &lp / bi;
             map.blocks.push(vec![format!("layer{}.{bi}", li + 1)]);
             seq = match spec.block {
-                Block::Basic => seq.add(basic_block(bp, cin, planes, stride)),
-                Block::Bottleneck => seq.add(bottleneck(bp, cin, planes, stride, spec)),
+                Block::Basic => seq.add(basic_block(bp, cin, planes, stride, o)),
+                Block::Bottleneck => seq.add(bottleneck(bp, cin, planes, stride, spec, o)),
             };
             cin = planes * spec.block.expansion();
         }
@@ -140,7 +140,7 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64) -> (nn::FuncT<'
     let fc = super::torch_linear(p / "fc", cin, num_classes);
     let cifar = spec.cifar_stem;
     let net = nn::func_t(move |x, train| {
-        let mut y = x.apply(&c1).apply_t(&b1, train).relu();
+        let mut y = b1.forward_relu(&x.apply(&c1), None, train);
         if !cifar {
             y = y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
         }

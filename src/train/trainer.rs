@@ -115,7 +115,7 @@ impl Trainer {
     ) -> Result<Self> {
         let device = pg.device;
         tch::manual_seed(seeds::init(cfg.seed));
-        let mut model = Model::build(cfg.model, num_classes, device, cfg.model_options());
+        let mut model = Model::build(cfg.model, num_classes, device, model_options(cfg, device));
         if cfg.zero_init_residual {
             model.zero_init_residual();
         }
@@ -434,6 +434,23 @@ impl Trainer {
     pub fn check_divergence(&self, last_good: &str) -> Result<()> {
         self.guard.check(self.ddp.pg(), last_good)
     }
+}
+
+/// The model's options, `--fused-norm` kept only where its kernels can run (said once if not).
+fn model_options(cfg: &TrainConfig, device: Device) -> crate::model::ModelOptions {
+    let mut opts = cfg.model_options();
+    if opts.fused_norm {
+        let why = match (cfg.model.arch(), crate::model::fused::prepare(device)) {
+            (crate::model::kind::Arch::ResNet(_), Ok(())) => None,
+            (crate::model::kind::Arch::ResNet(_), Err(why)) => Some(why),
+            _ => Some(format!("{} has no layers the fused kernels cover (the ResNet family has)", cfg.model)),
+        };
+        if let Some(why) = why {
+            say!("--fused-norm: {why}; the unfused BatchNorm runs");
+            opts.fused_norm = false;
+        }
+    }
+    opts
 }
 
 /// The captured step for a run on `device`: refused (one line naming the option) where it

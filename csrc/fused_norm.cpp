@@ -1,0 +1,472 @@
+// Fused BatchNorm (+ residual add) + ReLU for channels_last training (`--fused-norm`): the
+// Triton kernels of kernels/bn_act.py, compiled to cubins (and one PTX) when ringtrain was built,
+// registered here from Rust (src/model/fused.rs) and launched through the CUDA driver API.
+//
+// - The driver is opened with dlopen, so binaries start on machines without one, and the shim
+//   still links without libcudart (see cuda_graph.cpp).
+// - One autograd Function holds forward and backward. Its orchestration (buffers, reduction plan,
+//   launch order and arguments) is kernels/bn_act.py's `forward` and `backward`, line for line: the
+//   test suite runs that Python under Triton's interpreter against PyTorch, and checks that this
+//   file launches the same sequence (rt_fused_bn_relu_record, which records launches instead of
+//   running them, on CPU tensors).
+// - A call the kernels do not cover (CPU tensors, another layout or dtype, no image for the GPU)
+//   returns "not applicable" with the reason, and the caller runs the unfused ops.
+#include "shim.h"
+#include "error.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifdef RT_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---- the kernel images (static data of the binary), registered once from Rust.
+const rt_kernel_image* g_images = nullptr;
+int g_n_images = 0;
+int64_t g_block_m = 0, g_block_c = 0;
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// kernels/bn_act.py's reduction_plan: about four programs per multiprocessor, each a whole
+// number of BLOCK_M tiles.
+std::pair<int64_t, int64_t> reduction_plan(int64_t M, int64_t C, int64_t sm_count) {
+  const int64_t c_blocks = cdiv(C, g_block_c);
+  const int64_t parts = std::max<int64_t>(1, std::min(cdiv(M, g_block_m), cdiv(4 * sm_count, c_blocks)));
+  const int64_t rows = cdiv(cdiv(M, parts), g_block_m) * g_block_m;
+  return {cdiv(M, rows), rows};
+}
+
+const char* dtype_key(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return "f16";
+    case at::kBFloat16: return "bf16";
+    case at::kFloat: return "f32";
+    default: return nullptr;
+  }
+}
+
+// One kernel argument: a tensor (passed as its data pointer), an int32 or a float32; named as
+// the kernel's parameter in kernels/bn_act.py (without "_ptr"), for the recorded launches.
+struct Arg {
+  std::string name;
+  at::Tensor t;
+  int64_t i = 0;
+  double f = 0;
+  char kind = 'p';  // 'p' pointer, 'i' int32, 'f' float32
+};
+Arg P(const char* name, const at::Tensor& t) { return Arg{name, t, 0, 0, 'p'}; }
+Arg I(const char* name, int64_t v) { return Arg{name, at::Tensor(), v, 0, 'i'}; }
+Arg F(const char* name, double v) { return Arg{name, at::Tensor(), 0, v, 'f'}; }
+
+// A kernel of the table by its base name: `typed` ones exist per activation dtype, with ".res"
+// for the residual variant and ".a16" when every pointer is 16-byte aligned and C % 16 == 0.
+std::string variant(const std::string& kernel, bool typed, at::ScalarType dtype, bool res, int64_t C,
+                    const std::vector<Arg>& args) {
+  if (!typed) return kernel;
+  bool aligned = C % 16 == 0;
+  for (const auto& a : args)
+    if (a.kind == 'p') aligned = aligned && reinterpret_cast<uintptr_t>(a.t.data_ptr()) % 16 == 0;
+  return kernel + "." + dtype_key(dtype) + (res ? ".res" : "") + (aligned ? ".a16" : "");
+}
+
+struct Launcher {
+  virtual ~Launcher() = default;
+  virtual void launch(const std::string& variant, int64_t gx, int64_t gy, const std::vector<Arg>& args) = 0;
+  virtual int64_t sm_count() const = 0;
+};
+
+// Writes one line per launch instead of running it: "variant grid=(gx,gy) x mean M:i32=70
+// eps:f32=1e-05 ...": pointers by name, scalars with their type and value.
+struct RecordingLauncher : Launcher {
+  std::ostringstream out;
+  int64_t sms;
+  explicit RecordingLauncher(int64_t sms) : sms(sms) {}
+  int64_t sm_count() const override { return sms; }
+  void launch(const std::string& variant, int64_t gx, int64_t gy, const std::vector<Arg>& args) override {
+    out << variant << " grid=(" << gx << "," << gy << ")";
+    for (const auto& a : args) {
+      out << " " << a.name;
+      if (a.kind == 'i') out << ":i32=" << a.i;
+      if (a.kind == 'f') {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.9g", a.f);
+        out << ":f32=" << buf;
+      }
+    }
+    out << "\n";
+  }
+};
+
+// ---- the CUDA driver, through dlopen.
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = void*;
+using CUmodule = void*;
+using CUfunction = void*;
+using CUstream = void*;
+constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+
+struct Driver {
+  CUresult (*GetErrorString)(CUresult, const char**);
+  CUresult (*DeviceGet)(CUdevice*, int);
+  CUresult (*DeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*CtxGetCurrent)(CUcontext*);
+  CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*ModuleLoadData)(CUmodule*, const void*);
+  CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*FuncSetAttribute)(CUfunction, int, int);
+  CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           CUstream, void**, void**);
+
+  void check(CUresult r, const std::string& what) const {
+    if (r == 0) return;
+    const char* s = nullptr;
+    GetErrorString(r, &s);
+    throw std::runtime_error(what + ": CUDA driver error " + std::to_string(r) + " (" + (s ? s : "?") + ")");
+  }
+};
+
+const Driver& driver() {
+  static Driver d = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) throw std::runtime_error("cannot open the CUDA driver (libcuda.so.1)");
+    auto sym = [&](const char* name) {
+      void* p = dlsym(lib, name);
+      if (!p) throw std::runtime_error(std::string("the CUDA driver lacks ") + name);
+      return p;
+    };
+    Driver d{};
+    d.GetErrorString = reinterpret_cast<decltype(d.GetErrorString)>(sym("cuGetErrorString"));
+    d.DeviceGet = reinterpret_cast<decltype(d.DeviceGet)>(sym("cuDeviceGet"));
+    d.DeviceGetAttribute = reinterpret_cast<decltype(d.DeviceGetAttribute)>(sym("cuDeviceGetAttribute"));
+    d.CtxGetCurrent = reinterpret_cast<decltype(d.CtxGetCurrent)>(sym("cuCtxGetCurrent"));
+    d.CtxSetCurrent = reinterpret_cast<decltype(d.CtxSetCurrent)>(sym("cuCtxSetCurrent"));
+    d.DevicePrimaryCtxRetain = reinterpret_cast<decltype(d.DevicePrimaryCtxRetain)>(sym("cuDevicePrimaryCtxRetain"));
+    d.ModuleLoadData = reinterpret_cast<decltype(d.ModuleLoadData)>(sym("cuModuleLoadData"));
+    d.ModuleGetFunction = reinterpret_cast<decltype(d.ModuleGetFunction)>(sym("cuModuleGetFunction"));
+    d.FuncSetAttribute = reinterpret_cast<decltype(d.FuncSetAttribute)>(sym("cuFuncSetAttribute"));
+    d.LaunchKernel = reinterpret_cast<decltype(d.LaunchKernel)>(sym("cuLaunchKernel"));
+    return d;
+  }();
+  return d;
+}
+
+// Which image runs on compute capability `cc` (major·10 + minor): a cubin of the same major
+// version and no higher minor (sm_90 and sm_100 are Triton's "a" targets: that exact GPU only),
+// else the PTX (sm_80), which the driver compiles for any GPU of capability 8.0 or more.
+const rt_kernel_image* image_for(const std::string& variant, int cc) {
+  const rt_kernel_image* ptx = nullptr;
+  for (int i = 0; i < g_n_images; ++i) {
+    const auto& im = g_images[i];
+    if (variant != im.variant) continue;
+    if (im.ptx) {
+      if (cc >= im.arch) ptx = &im;
+    } else if (im.arch / 10 == cc / 10 && cc >= im.arch && (im.arch < 90 || cc == im.arch)) {
+      return &im;
+    }
+  }
+  return ptx;
+}
+
+struct LoadedKernel {
+  CUfunction fn = nullptr;
+  const rt_kernel_image* image = nullptr;
+};
+
+// One GPU's loaded kernels (modules load into the current context: PyTorch's primary one).
+struct DeviceKernels {
+  int device = -1, cc = 0, sms = 0, shared_optin = 0;
+  std::map<std::string, LoadedKernel> fns;
+};
+
+std::mutex g_mutex;
+std::map<int, DeviceKernels> g_devices;
+
+void make_context_current(const Driver& d, CUdevice dev) {
+  CUcontext ctx = nullptr;
+  d.check(d.CtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (ctx) return;
+  d.check(d.DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  d.check(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
+}
+
+// Loads every variant for `device` (once): a GPU the images do not cover is an error here, at
+// the start of a run, not at its first BatchNorm.
+DeviceKernels& device_kernels(int device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_devices.find(device);
+  if (it != g_devices.end()) return it->second;
+  const Driver& d = driver();
+  CUdevice dev = 0;
+  d.check(d.DeviceGet(&dev, device), "cuDeviceGet");
+  make_context_current(d, dev);
+  DeviceKernels k;
+  k.device = device;
+  int major = 0, minor = 0;
+  d.check(d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "compute capability");
+  d.check(d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "compute capability");
+  d.check(d.DeviceGetAttribute(&k.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "multiprocessor count");
+  d.check(d.DeviceGetAttribute(&k.shared_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+          "shared memory");
+  k.cc = major * 10 + minor;
+  for (int i = 0; i < g_n_images; ++i) {
+    const std::string name = g_images[i].variant;
+    if (k.fns.count(name)) continue;
+    const rt_kernel_image* im = image_for(name, k.cc);
+    if (!im) {
+      throw std::runtime_error("no fused kernel image for compute capability " + std::to_string(major) + "." +
+                               std::to_string(minor) + " (they need 8.0 or newer)");
+    }
+    CUmodule mod = nullptr;
+    d.check(d.ModuleLoadData(&mod, im->image), "loading kernel " + name);
+    LoadedKernel lk;
+    lk.image = im;
+    d.check(d.ModuleGetFunction(&lk.fn, mod, im->symbol), "finding kernel " + name);
+    if (im->shared_bytes > 48 * 1024) {
+      if (im->shared_bytes > k.shared_optin) throw std::runtime_error(name + " needs more shared memory than this GPU has");
+      d.check(d.FuncSetAttribute(lk.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, im->shared_bytes),
+              "shared memory of " + name);
+    }
+    k.fns[name] = lk;
+  }
+  return g_devices.emplace(device, std::move(k)).first->second;
+}
+
+#ifdef RT_WITH_CUDA
+// Launches on the current stream of the tensors' device, as PyTorch's own kernels do (so CUDA
+// graph capture and stream semantics carry over). Triton's kernels take two more pointers after
+// their own arguments (global and profile scratch), unused here: the build checks their sizes
+// are 0.
+struct CudaLauncher : Launcher {
+  DeviceKernels& k;
+  explicit CudaLauncher(DeviceKernels& k) : k(k) {}
+  int64_t sm_count() const override { return k.sms; }
+  void launch(const std::string& variant, int64_t gx, int64_t gy, const std::vector<Arg>& args) override {
+    auto it = k.fns.find(variant);
+    if (it == k.fns.end()) throw std::runtime_error("no fused kernel " + variant);
+    const rt_kernel_image* im = it->second.image;
+    if (static_cast<size_t>(im->params) != args.size() + 2)
+      throw std::runtime_error(variant + ": the kernel takes " + std::to_string(im->params) + " parameters");
+    std::vector<uint64_t> ptrs(args.size() + 2, 0);
+    std::vector<int32_t> ints(args.size(), 0);
+    std::vector<float> floats(args.size(), 0);
+    std::vector<void*> params(args.size() + 2);
+    for (size_t i = 0; i < args.size(); ++i) {
+      const Arg& a = args[i];
+      if (a.kind == 'p') {
+        ptrs[i] = reinterpret_cast<uint64_t>(a.t.data_ptr());
+        params[i] = &ptrs[i];
+      } else if (a.kind == 'i') {
+        ints[i] = static_cast<int32_t>(a.i);
+        params[i] = &ints[i];
+      } else {
+        floats[i] = static_cast<float>(a.f);
+        params[i] = &floats[i];
+      }
+    }
+    params[args.size()] = &ptrs[args.size()];          // global scratch: none
+    params[args.size() + 1] = &ptrs[args.size() + 1];  // profile scratch: none
+    CUstream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(k.device)).stream();
+    const Driver& d = driver();
+    // Autograd's backward runs on its own thread; the kernels belong to PyTorch's context.
+    CUdevice dev = 0;
+    d.check(d.DeviceGet(&dev, k.device), "cuDeviceGet");
+    make_context_current(d, dev);
+    d.check(d.LaunchKernel(it->second.fn, static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1,
+                           static_cast<unsigned>(32 * im->num_warps), 1, 1, static_cast<unsigned>(im->shared_bytes),
+                           stream, params.data(), nullptr),
+            "launching " + variant);
+  }
+};
+#endif
+
+// ---- the orchestration: kernels/bn_act.py's forward and backward.
+at::Tensor rows_of(const at::Tensor& t) {  // [N, C, H, W] channels_last → [M, C], a view
+  return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)});
+}
+
+struct BnRelu : public torch::autograd::Function<BnRelu> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::Tensor weight, at::Tensor bias,
+                            at::Tensor residual, at::Tensor running_mean, at::Tensor running_var, double momentum,
+                            double eps, int64_t launcher_ptr) {
+    RECORD_FUNCTION("ringtrain::bn_relu", std::vector<c10::IValue>());  // its name in profiles
+    auto& L = *reinterpret_cast<Launcher*>(launcher_ptr);
+    const bool has_res = residual.numel() > 0;  // an empty tensor stands for none
+    auto x2 = rows_of(x);
+    auto res2 = has_res ? rows_of(residual) : x2;
+    const int64_t M = x2.size(0), C = x2.size(1);
+    const auto [parts, rows] = reduction_plan(M, C, L.sm_count());
+    const auto f32 = x.options().dtype(at::kFloat);
+    auto part_mean = at::empty({parts, C}, f32), part_m2 = at::empty({parts, C}, f32);
+    auto mean = at::empty({C}, f32), invstd = at::empty({C}, f32);
+    const auto dt = x.scalar_type();
+    std::vector<Arg> a = {P("x", x2), P("part_mean", part_mean), P("part_m2", part_m2), I("M", M), I("C", C),
+                          I("rows_per_prog", rows)};
+    L.launch(variant("bn_stats_partial", true, dt, false, C, a), parts, cdiv(C, g_block_c), a);
+    a = {P("part_mean", part_mean), P("part_m2", part_m2), I("num_parts", parts), I("rows_per_prog", rows),
+         I("M", M), I("C", C), P("mean", mean), P("invstd", invstd), P("running_mean", running_mean),
+         P("running_var", running_var), F("momentum", momentum), F("eps", eps)};
+    L.launch(variant("bn_stats_finalize", false, dt, false, C, a), cdiv(C, g_block_c), 1, a);
+    auto y = at::empty_like(x);  // channels_last, as x
+    auto y2 = rows_of(y);
+    a = {P("x", x2), P("res", res2), P("mean", mean), P("invstd", invstd), P("weight", weight),
+         P("bias", bias), P("y", y2), I("M", M), I("C", C)};
+    L.launch(variant("bn_act_forward", true, dt, has_res, C, a), cdiv(M, g_block_m), cdiv(C, g_block_c), a);
+    ctx->save_for_backward({x, y, mean, invstd, weight});
+    ctx->saved_data["has_res"] = has_res;
+    ctx->saved_data["launcher"] = launcher_ptr;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    RECORD_FUNCTION("ringtrain::bn_relu_backward", std::vector<c10::IValue>());
+    auto& L = *reinterpret_cast<Launcher*>(ctx->saved_data["launcher"].toInt());
+    const bool has_res = ctx->saved_data["has_res"].toBool();
+    auto saved = ctx->get_saved_variables();
+    auto x = saved[0], y = saved[1], mean = saved[2], invstd = saved[3], weight = saved[4];
+    auto dy = grad_outputs[0].contiguous(at::MemoryFormat::ChannelsLast).to(x.scalar_type());
+    auto x2 = rows_of(x), y2 = rows_of(y), dy2 = rows_of(dy);
+    const int64_t M = x2.size(0), C = x2.size(1);
+    const auto [parts, rows] = reduction_plan(M, C, L.sm_count());
+    const auto f32 = x.options().dtype(at::kFloat);
+    auto part_g = at::empty({parts, C}, f32), part_gx = at::empty({parts, C}, f32);
+    auto dw = at::empty({C}, f32), db = at::empty({C}, f32);
+    auto dx = at::empty_like(x);
+    auto dres = has_res ? at::empty_like(x) : at::Tensor();
+    auto dx2 = rows_of(dx);
+    auto dres2 = has_res ? rows_of(dres) : dx2;  // the kernels take dx's pointer when there is none
+    const auto dt = x.scalar_type();
+    std::vector<Arg> a = {P("dy", dy2), P("y", y2), P("x", x2), P("mean", mean), P("dres", dres2),
+                          P("part_g", part_g), P("part_gx", part_gx), I("M", M), I("C", C),
+                          I("rows_per_prog", rows)};
+    L.launch(variant("bn_act_backward_partial", true, dt, has_res, C, a), parts, cdiv(C, g_block_c), a);
+    a = {P("part_g", part_g), P("part_gx", part_gx), I("num_parts", parts), I("C", C), P("invstd", invstd),
+         P("dw", dw), P("db", db)};
+    L.launch(variant("bn_act_backward_finalize", false, dt, false, C, a), cdiv(C, g_block_c), 1, a);
+    a = {P("dy", dy2), P("y", y2), P("x", x2), P("mean", mean), P("invstd", invstd), P("weight", weight),
+         P("dw", dw), P("db", db), P("dx", dx2), P("dres", dres2), I("M", M), I("C", C)};
+    L.launch(variant("bn_act_backward", true, dt, has_res, C, a), cdiv(M, g_block_m), cdiv(C, g_block_c), a);
+    return {dx, dw.to(weight.scalar_type()), db.to(weight.scalar_type()), dres, at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The residual argument when there is none: an empty tensor (autograd's custom Functions take
+// no undefined tensors).
+at::Tensor no_residual(const at::Tensor& x) { return at::empty({0}, x.options()); }
+
+// Why the kernels do not cover this call (nullptr when they do). `on_cpu_ok` for the recording.
+const char* not_covered(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* res,
+                        const at::Tensor& rm, const at::Tensor& rv, bool on_cpu_ok) {
+  if (g_n_images == 0) return "this build has no fused kernels";
+  if (!x.is_cuda() && !on_cpu_ok) return "the input is not on a CUDA device";
+  if (x.dim() != 4 || !x.is_contiguous(at::MemoryFormat::ChannelsLast))
+    return "the input is not a channels_last 4-d tensor";
+  if (!dtype_key(x.scalar_type())) return "the input is not fp16, bf16 or fp32";
+  const int64_t C = x.size(1), M = x.numel() / std::max<int64_t>(C, 1);
+  if (M < 2) return "one value per channel";
+  if (M >= (int64_t(1) << 31) - g_block_m) return "more than 2^31 rows";
+  for (const at::Tensor* p : {&w, &b, &rm, &rv}) {
+    if (!p->defined() || p->scalar_type() != at::kFloat || p->numel() != C || !p->is_contiguous() ||
+        p->device() != x.device())
+      return "BatchNorm's parameters or statistics are not fp32 vectors on the input's device";
+  }
+  if (res && (res->sizes() != x.sizes() || res->scalar_type() != x.scalar_type() ||
+              !res->is_contiguous(at::MemoryFormat::ChannelsLast) || res->device() != x.device()))
+    return "the residual's shape, dtype or layout differs from the input's";
+  return nullptr;
+}
+
+thread_local std::string g_record;
+}  // namespace
+
+extern "C" {
+
+int rt_fused_set_images(const rt_kernel_image* images, int n, int64_t block_m, int64_t block_c) {
+  g_images = images;
+  g_n_images = n;
+  g_block_m = block_m;
+  g_block_c = block_c;
+  return 0;
+}
+
+int rt_fused_prepare(int device) {
+  return rt_guard<int>([&] {
+    if (g_n_images == 0) throw std::runtime_error("this build has no fused kernels");
+#ifdef RT_WITH_CUDA
+    device_kernels(device);
+    return 0;
+#else
+    throw std::runtime_error("built without CUDA");
+#endif
+  }, -1);
+}
+
+rt_tensor* rt_fused_bn_relu(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, rt_tensor* residual,
+                            rt_tensor* running_mean, rt_tensor* running_var, double momentum, double eps,
+                            const char** why_not) {
+  *why_not = nullptr;
+  return rt_guard<at::Tensor*>([&]() -> at::Tensor* {
+    *why_not = not_covered(*x, *weight, *bias, residual, *running_mean, *running_var, false);
+    if (*why_not) return nullptr;
+#ifdef RT_WITH_CUDA
+    auto& k = device_kernels(x->get_device());
+    // One launcher per GPU for the life of the process: graph nodes keep a pointer to it.
+    static std::map<int, CudaLauncher> launchers;
+    CudaLauncher* launcher = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      launcher = &launchers.try_emplace(k.device, k).first->second;
+    }
+    return new at::Tensor(BnRelu::apply(*x, *weight, *bias, residual ? *residual : no_residual(*x), *running_mean,
+                                        *running_var, momentum, eps, reinterpret_cast<int64_t>(launcher)));
+#else
+    *why_not = "built without CUDA";
+    return nullptr;
+#endif
+  }, nullptr);
+}
+
+const char* rt_fused_bn_relu_record(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, rt_tensor* residual,
+                                    rt_tensor* running_mean, rt_tensor* running_var, double momentum, double eps,
+                                    int64_t sm_count, rt_tensor* dy, rt_tensor** grads) {
+  return rt_guard<const char*>([&]() -> const char* {
+    if (const char* why = not_covered(*x, *weight, *bias, residual, *running_mean, *running_var, true))
+      throw std::runtime_error(why);
+    RecordingLauncher rec(sm_count);
+    auto xv = x->detach().requires_grad_(true);
+    auto wv = weight->detach().requires_grad_(true), bv = bias->detach().requires_grad_(true);
+    auto rv = residual ? residual->detach().requires_grad_(true) : no_residual(*x);
+    auto y = BnRelu::apply(xv, wv, bv, rv, *running_mean, *running_var, momentum, eps,
+                           reinterpret_cast<int64_t>(&rec));
+    y.backward(*dy);
+    grads[0] = new at::Tensor(xv.grad());
+    grads[1] = new at::Tensor(wv.grad());
+    grads[2] = new at::Tensor(bv.grad());
+    grads[3] = residual && rv.grad().defined() ? new at::Tensor(rv.grad()) : nullptr;
+    g_record = rec.out.str();
+    return g_record.c_str();
+  }, nullptr);
+}
+
+}  // extern "C"

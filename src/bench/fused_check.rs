@@ -1,0 +1,84 @@
+//! `ringtrain fused-check` (hidden; the GPU battery runs it): the compiled fused BatchNorm +
+//! (add) + ReLU kernels, forward and backward through autograd, on ResNet's shapes and odd ones
+//! in fp16, bf16 and fp32, with everything in and out written to one safetensors file. The
+//! battery then recomputes each case with PyTorch (fp64, and its unfused ops in the same dtype) on
+//! the same GPU and holds the kernels to the bounds the interpreter test holds them to on the CPU
+//! (tests/py/fused_bn_act.py).
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use tch::{Device, Kind, Tensor};
+
+use crate::bail_user;
+use crate::model::fused;
+
+/// (N, C, H, W), dtype, with a residual.
+const CASES: &[([i64; 4], Kind, bool)] = &[
+    ([8, 64, 56, 56], Kind::Half, true),
+    ([8, 256, 14, 14], Kind::BFloat16, false),
+    ([16, 2048, 7, 7], Kind::BFloat16, true),
+    ([2, 67, 5, 7], Kind::Half, true),
+    ([3, 130, 9, 11], Kind::BFloat16, false),
+    ([4, 128, 28, 28], Kind::Float, true),
+    ([3, 64, 9, 9], Kind::Float, false),
+];
+
+pub fn run(device: Device, out: &Path) -> Result<usize> {
+    if let Err(why) = fused::prepare(device) {
+        bail_user!("fused-check: {why}");
+    }
+    let mut named: Vec<(String, Tensor)> = Vec::new();
+    for (i, &(shape, kind, has_res)) in CASES.iter().enumerate() {
+        tch::manual_seed(1000 + i as i64);
+        let c = shape[1];
+        let opts = (Kind::Float, device);
+        let act = |scale: f64, shift: f64| -> Result<Tensor> {
+            crate::shim::to_channels_last(&(Tensor::randn(shape, opts) * scale + shift).to_kind(kind))
+        };
+        // A mean far from zero against the spread, as the interpreter test draws it.
+        let x = act(0.5, 3.0)?.set_requires_grad(true);
+        let res = if has_res {
+            Some(act(1.0, 0.0)?.set_requires_grad(true))
+        } else {
+            None
+        };
+        let dy = act(1.0, 0.0)?;
+        let w = (Tensor::rand([c], opts) + 0.5).set_requires_grad(true);
+        let b = (Tensor::randn([c], opts) * 0.1).set_requires_grad(true);
+        let (rm0, rv0) = (Tensor::randn([c], opts), Tensor::rand([c], opts) + 0.5);
+        let (rm, rv) = (rm0.copy(), rv0.copy());
+        let y = fused::bn_relu(&x, [&w, &b, &rm, &rv], res.as_ref(), 0.1, 1e-5)
+            .with_context(|| format!("fused-check: the kernels do not cover case {i} ({shape:?} {kind:?})"))?;
+        // The upstream gradient is dy exactly: d(Σ y·dy)/dy = dy (a product with 1).
+        (&y * &dy).sum(Kind::Float).backward();
+        let mut put = |name: &str, t: &Tensor| named.push((format!("{i}.{name}"), t.detach().to_device(Device::Cpu)));
+        for (name, t) in [
+            ("x", &x),
+            ("dy", &dy),
+            ("w", &w),
+            ("b", &b),
+            ("rm0", &rm0),
+            ("rv0", &rv0),
+        ] {
+            put(name, t);
+        }
+        for (name, t) in [
+            ("y", &y),
+            ("rm", &rm),
+            ("rv", &rv),
+            ("dx", &x.grad()),
+            ("dw", &w.grad()),
+            ("db", &b.grad()),
+        ] {
+            put(name, t);
+        }
+        if let Some(r) = &res {
+            put("res", r);
+            put("dres", &r.grad());
+        }
+    }
+    crate::atomic::write_file_by_path(out, |tmp| {
+        Tensor::write_safetensors(&named, tmp).with_context(|| format!("writing {}", out.display()))
+    })?;
+    Ok(CASES.len())
+}

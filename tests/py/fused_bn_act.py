@@ -1,0 +1,251 @@
+"""The fused BatchNorm + (add) + ReLU kernels of kernels/bn_act.py, run by Triton's interpreter on
+the CPU (TRITON_INTERPRET=1, set before triton is imported), against PyTorch's unfused operations:
+F.batch_norm in training mode, the residual add and ReLU, forward and backward through autograd.
+
+Each case draws x, the residual, weight, bias, running statistics and the upstream gradient, then
+compares, per tensor, relative to that tensor's largest magnitude in an fp64 reference:
+  - fp32: the fused kernels and PyTorch's fp32 ops both within 2e-5 of fp64;
+  - fp16/bf16: the fused kernels (fp32 inside, one rounding at the store) at most twice as far
+    from the fp64 reference as PyTorch's own unfused ops in that dtype (which round after every
+    op), plus a quarter of the dtype's unit roundoff for ties.
+The mean, invstd and running statistics (fp32 on both sides) are held to 1e-5 in every dtype.
+Shapes are odd on purpose: channel counts that are no multiple of the 64-channel block, row
+counts that leave a ragged last tile and a ragged last reduction part, and several reduction
+plans (one part, many parts) for the same shape.
+
+Prints one JSON line: {"cases": N, "worst": {...}}; exits non-zero with the failing case.
+
+With `--battery-check DIR` it checks the GPU battery's reading of `ringtrain fused-check`
+(battery_check below). With `--plan N C H W DTYPE RES SM_COUNT` it prints instead the launches bn_act.forward and
+bn_act.backward make for that shape (nothing runs), one line each, as csrc/fused_norm.cpp
+records its own (tests/fused_norm.rs compares the two).
+"""
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "kernels"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+import bn_act  # noqa: E402
+
+
+def _interpreter_bf16_rounds_to_nearest_even():
+    """The interpreter turns fp32 into bf16 by cutting the low 16 bits (and its round-to-nearest
+    mode forgets the carry into the exponent), where a GPU's cvt.rn.bf16.f32 rounds to nearest
+    even: that alone made the fused bf16 outputs look 2-3 units off. This gives the interpreter
+    the GPU's rounding for that one conversion; every other one is left as it is."""
+    convert = interpreter._convert_float
+
+    def rne(x, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.bfloat16:
+            bits = np.frombuffer(np.ascontiguousarray(x).tobytes(), dtype=np.uint32).reshape(np.shape(x))
+            bits = bits.astype(np.uint64)
+            return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return convert(x, src, dst, rounding_mode)
+
+    interpreter._convert_float = rne
+
+
+_interpreter_bf16_rounds_to_nearest_even()
+
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def channels_last_2d(t):
+    """[N, C, H, W] channels_last → its [M, C] matrix (a view, no copy)."""
+    n, c, h, w = t.shape
+    return t.permute(0, 2, 3, 1).reshape(n * h * w, c)
+
+
+def from_2d(t2d, shape):
+    n, c, h, w = shape
+    return t2d.reshape(n, h, w, c).permute(0, 3, 1, 2)
+
+
+def unfused(x, res, w, b, rm, rv, momentum, eps, dy):
+    """PyTorch's ops as ringtrain's model calls them without fusion; grads of x, w, b, res."""
+    x = x.detach().requires_grad_()
+    w = w.detach().requires_grad_()
+    b = b.detach().requires_grad_()
+    res = res.detach().requires_grad_() if res is not None else None
+    y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=momentum, eps=eps)
+    if res is not None:
+        y = y + res
+    y = torch.relu(y)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad, b.grad, res.grad if res is not None else None
+
+
+def rel(got, want):
+    scale = want.abs().max().item()
+    return (got.double() - want.double()).abs().max().item() / max(scale, 1e-30)
+
+
+def case(shape, dtype, has_res, sm_count, seed):
+    g = torch.Generator().manual_seed(seed)
+    n, c, h, w_ = shape
+    # A mean far from zero against a small spread: Σx² − (Σx)² would lose the variance here.
+    x32 = torch.randn(shape, generator=g) * 0.5 + 3.0
+    res32 = torch.randn(shape, generator=g) if has_res else None
+    dy32 = torch.randn(shape, generator=g)
+    w = torch.rand(c, generator=g) + 0.5
+    b = torch.randn(c, generator=g) * 0.1
+    rm0, rv0 = torch.randn(c, generator=g), torch.rand(c, generator=g) + 0.5
+    momentum, eps = 0.1, 1e-5
+    cl = lambda t: t.to(dtype).contiguous(memory_format=torch.channels_last)  # noqa: E731
+    x, res, dy = cl(x32), (cl(res32) if has_res else None), cl(dy32)
+
+    # fp64 reference from the very inputs the kernels see (already rounded to dtype).
+    rm64, rv64 = rm0.double().clone(), rv0.double().clone()
+    ref = unfused(x.double(), res.double() if has_res else None, w.double(), b.double(), rm64, rv64,
+                  momentum, eps, dy.double())
+    # PyTorch's own ops in dtype (autocast keeps BatchNorm's parameters in fp32).
+    rm_t, rv_t = rm0.clone(), rv0.clone()
+    twin = unfused(x, res, w, b, rm_t, rv_t, momentum, eps, dy)
+
+    rm_f, rv_f = rm0.clone(), rv0.clone()
+    y2d, mean, invstd = bn_act.forward(channels_last_2d(x), channels_last_2d(res) if has_res else None, w, b,
+                                       rm_f, rv_f, momentum, eps, sm_count)
+    dx2d, dw, db, dres2d = bn_act.backward(channels_last_2d(dy), y2d, channels_last_2d(x), mean, invstd, w,
+                                           has_res, sm_count)
+    fused = (from_2d(y2d, shape), from_2d(dx2d, shape), dw, db, from_2d(dres2d, shape) if has_res else None)
+
+    out = {}
+    names = ["y", "dx", "dw", "db", "dres"]
+    for name, f, t, r in zip(names, fused, twin, ref):
+        if r is None:
+            continue
+        assert f.dtype == t.dtype, (name, f.dtype, t.dtype)
+        ef, et = rel(f, r), rel(t, r)
+        if dtype == torch.float32:
+            ok = ef <= 2e-5 and et <= 2e-5
+        else:
+            ok = ef <= 2 * et + UNIT_ROUNDOFF[dtype] / 4
+        out[name] = (ef, et)
+        if not ok:
+            raise AssertionError(f"{shape} {dtype} res={has_res} sm={sm_count}: {name} fused {ef:.3g} "
+                                 f"vs PyTorch {et:.3g} of the fp64 reference")
+    xd = x.double()
+    var = xd.var(dim=(0, 2, 3), unbiased=False)
+    stats = {
+        "mean": (mean, xd.mean(dim=(0, 2, 3))),
+        "invstd": (invstd, 1.0 / torch.sqrt(var + eps)),
+        "running_mean": (rm_f, rm64),
+        "running_var": (rv_f, rv64),
+    }
+    for name, (f, r) in stats.items():
+        e = rel(f, r)
+        out[name] = (e, None)
+        if e > 1e-5:
+            raise AssertionError(f"{shape} {dtype} sm={sm_count}: {name} {e:.3g} from fp64")
+    # The parts really were several where the plan says so (the test would not cover merges else).
+    return out, bn_act.reduction_plan(n * h * w_, c, sm_count)[0]
+
+
+def plan(n, c, h, w, dtype, has_res, sm_count):
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dtype]
+    dtype_key = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}[dtype]
+    lines = []
+
+    def record(kernel, grid, args, **constexprs):
+        name = kernel.fn.__name__
+        if name not in ("bn_stats_finalize", "bn_act_backward_finalize"):
+            aligned = c % 16 == 0 and all(v.data_ptr() % 16 == 0 for _, v in args if torch.is_tensor(v))
+            name += "." + dtype_key + (".res" if constexprs.get("HAS_RES") else "") + (".a16" if aligned else "")
+        bn_act.check_args(kernel, args)
+        words = [f"{name} grid=({grid[0]},{grid[1]})"]
+        for k, v in args:
+            words.append(k if torch.is_tensor(v) else f"{k}:f32={v:.9g}" if isinstance(v, float) else f"{k}:i32={v}")
+        lines.append(" ".join(words))
+
+    m = n * h * w
+    x2d, dy2d = torch.empty(m, c, dtype=dtype), torch.empty(m, c, dtype=dtype)
+    res2d = torch.empty(m, c, dtype=dtype) if has_res else None
+    wt, bs, rm, rv = (torch.empty(c) for _ in range(4))
+    y2d, mean, invstd = bn_act.forward(x2d, res2d, wt, bs, rm, rv, 0.1, 1e-5, sm_count, launch=record)
+    bn_act.backward(dy2d, y2d, x2d, mean, invstd, wt, has_res, sm_count, launch=record)
+    print("\n".join(lines))
+
+
+def battery_check(out_dir):
+    """The GPU battery's reading of `ringtrain fused-check` (bench/gpu_battery.py's fused_cases),
+    given a file in that format made by the interpreted kernels: it must pass it, and fail it
+    once one gradient is off by a few units in the last place of its largest element."""
+    from safetensors.torch import save_file
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    import gpu_battery
+
+    tensors = {}
+    for i, (shape, dtype, has_res) in enumerate([((2, 67, 5, 7), torch.float16, True),
+                                                 ((3, 64, 9, 9), torch.bfloat16, False),
+                                                 ((2, 16, 6, 5), torch.float32, True)]):
+        g = torch.Generator().manual_seed(i)
+        c = shape[1]
+        cl = lambda t: t.to(dtype).contiguous(memory_format=torch.channels_last)  # noqa: E731
+        x, dy = cl(torch.randn(shape, generator=g) * 0.5 + 3.0), cl(torch.randn(shape, generator=g))
+        res = cl(torch.randn(shape, generator=g)) if has_res else None
+        w, b = torch.rand(c, generator=g) + 0.5, torch.randn(c, generator=g) * 0.1
+        rm0, rv0 = torch.randn(c, generator=g), torch.rand(c, generator=g) + 0.5
+        rm, rv = rm0.clone(), rv0.clone()
+        y2d, mean, invstd = bn_act.forward(channels_last_2d(x), channels_last_2d(res) if has_res else None, w, b,
+                                           rm, rv, 0.1, 1e-5, 4)
+        dx2d, dw, db, dres2d = bn_act.backward(channels_last_2d(dy), y2d, channels_last_2d(x), mean, invstd, w,
+                                               has_res, 4)
+        case = {"x": x, "dy": dy, "w": w, "b": b, "rm0": rm0, "rv0": rv0, "y": from_2d(y2d, shape),
+                "rm": rm, "rv": rv, "dx": from_2d(dx2d, shape), "dw": dw, "db": db}
+        if has_res:
+            case.update(res=res, dres=from_2d(dres2d, shape))
+        tensors.update({f"{i}.{k}": v.contiguous() for k, v in case.items()})
+    good = os.path.join(out_dir, "good.safetensors")
+    save_file(tensors, good)
+    found = gpu_battery.fused_cases(good, "cpu")
+    dx = tensors["0.dx"].clone()
+    flat = dx.view(-1)
+    k = flat.float().abs().argmax()
+    flat[k] = flat[k] * (1 + 8 * 2.0**-11)
+    bad = os.path.join(out_dir, "bad.safetensors")
+    save_file({**tensors, "0.dx": dx}, bad)
+    try:
+        gpu_battery.fused_cases(bad, "cpu")
+        caught = None
+    except gpu_battery.Failed as e:
+        caught = str(e)
+    print(json.dumps({"cases": len(found), "caught": caught}))
+
+
+def main():
+    if sys.argv[1:2] == ["--battery-check"]:
+        return battery_check(sys.argv[2])
+    if sys.argv[1:2] == ["--plan"]:
+        n, c, h, w, dtype, has_res, sm_count = sys.argv[2:9]
+        return plan(int(n), int(c), int(h), int(w), dtype, has_res == "1", int(sm_count))
+    shapes = [
+        (2, 67, 5, 7),    # C not a multiple of 64, M = 70: a ragged tile
+        (3, 64, 9, 9),    # C exactly one block, M = 243
+        (1, 130, 3, 11),  # three channel blocks, the last of 2
+        (4, 16, 17, 13),  # M = 884: many row tiles per part
+    ]
+    cases, worst, max_parts = 0, {}, 0
+    for i, shape in enumerate(shapes):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for has_res in (False, True):
+                for sm_count in (1, 7):
+                    res, parts = case(shape, dtype, has_res, sm_count, seed=100 * i + cases)
+                    max_parts = max(max_parts, parts)
+                    cases += 1
+                    for k, (e, _) in res.items():
+                        key = f"{k}_{str(dtype).split('.')[-1]}"
+                        worst[key] = max(worst.get(key, 0.0), e)
+    assert max_parts > 3, max_parts
+    print(json.dumps({"cases": cases, "max_parts": max_parts, "worst": worst}))
+
+
+if __name__ == "__main__":
+    main()
