@@ -716,7 +716,7 @@ def main():
     def profiled(model, batch, img, extra=(), tag="", compiled=True):
         d = out / f"profile-{model}-bf16{tag}"
         # Dry: ResNet-18-cifar for every profile (ConvNeXt's depthwise convolutions in bf16 make
-        # the CPU's trace some 500,000 operators a step).
+        # the CPU's trace some 380,000 operators a step, mostly narrow and slice: one per group).
         (model, batch, img, n, warm), k = (("resnet18-cifar", 2, 32, 2, 1), 2) if dry else ((model, batch, img, 20, 10), 5)
         text = b.ringtrain("bench", "--model", model, "--batch-size", batch, "--img-size", img, "--device", dev,
                            "--steps", n, "--warmup", warm, "--amp", "bf16", "--channels-last", "true", *extra,
