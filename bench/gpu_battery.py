@@ -183,6 +183,11 @@ FUSED_TRAINING = 1e-3
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
+def fused_bound(dtype, pytorch_error):
+    """How far from fp64 a fused kernel's output may be, given PyTorch's own error in `dtype`."""
+    return FUSED_FP32 if dtype == torch.float32 else 2 * pytorch_error + UNIT_ROUNDOFF[dtype] / 4
+
+
 def unfused_bn_relu(x, res, w, b, rm, rv, dy, momentum=0.1, eps=1e-5):
     """PyTorch's BatchNorm (training), add and ReLU: (y, dx, dw, db, dres); rm, rv updated."""
     x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
@@ -213,7 +218,7 @@ def fused_cases(path, device):
             if r is None:
                 continue
             ef, et = rel(g(name), r), rel(tw, r)
-            bound = FUSED_FP32 if dtype == torch.float32 else 2 * et + UNIT_ROUNDOFF[dtype] / 4
+            bound = fused_bound(dtype, et)
             case[name] = {"fused": ef, "pytorch": et, "bound": bound}
             if ef > bound:
                 bad.append(f"case {i} {case['shape']} {case['dtype']}: {name} {ef:.3g} > {bound:.3g}")

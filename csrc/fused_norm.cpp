@@ -112,6 +112,7 @@ struct RecordingLauncher : Launcher {
   }
 };
 
+#ifdef RT_WITH_CUDA
 // ---- the CUDA driver, through dlopen.
 using CUresult = int;
 using CUdevice = int;
@@ -143,6 +144,15 @@ struct Driver {
     const char* s = nullptr;
     GetErrorString(r, &s);
     throw std::runtime_error(what + ": CUDA driver error " + std::to_string(r) + " (" + (s ? s : "?") + ")");
+  }
+
+  // PyTorch's primary context current on this thread (autograd's backward runs on its own).
+  void make_context_current(CUdevice dev) const {
+    CUcontext ctx = nullptr;
+    check(CtxGetCurrent(&ctx), "cuCtxGetCurrent");
+    if (ctx) return;
+    check(DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    check(CtxSetCurrent(ctx), "cuCtxSetCurrent");
   }
 };
 
@@ -193,77 +203,20 @@ struct LoadedKernel {
   const rt_kernel_image* image = nullptr;
 };
 
-// One GPU's loaded kernels (modules load into the current context: PyTorch's primary one).
-struct DeviceKernels {
-  int device = -1, cc = 0, sms = 0, shared_optin = 0;
-  std::map<std::string, LoadedKernel> fns;
-};
-
-std::mutex g_mutex;
-std::map<int, DeviceKernels> g_devices;
-
-void make_context_current(const Driver& d, CUdevice dev) {
-  CUcontext ctx = nullptr;
-  d.check(d.CtxGetCurrent(&ctx), "cuCtxGetCurrent");
-  if (ctx) return;
-  d.check(d.DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  d.check(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
-}
-
-// Loads every variant for `device` (once): a GPU the images do not cover is an error here, at
-// the start of a run, not at its first BatchNorm.
-DeviceKernels& device_kernels(int device) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = g_devices.find(device);
-  if (it != g_devices.end()) return it->second;
-  const Driver& d = driver();
+// One GPU with every kernel variant loaded into PyTorch's context there, launching them on the
+// current stream of that GPU, as PyTorch's own kernels run (so CUDA graph capture and stream
+// semantics carry over). Triton's kernels take two more pointers after their own arguments
+// (global and profile scratch), unused here: the build checks their sizes are 0.
+struct CudaDevice : Launcher {
+  int device = -1, sms = 0;
   CUdevice dev = 0;
-  d.check(d.DeviceGet(&dev, device), "cuDeviceGet");
-  make_context_current(d, dev);
-  DeviceKernels k;
-  k.device = device;
-  int major = 0, minor = 0;
-  d.check(d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "compute capability");
-  d.check(d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "compute capability");
-  d.check(d.DeviceGetAttribute(&k.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "multiprocessor count");
-  d.check(d.DeviceGetAttribute(&k.shared_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
-          "shared memory");
-  k.cc = major * 10 + minor;
-  for (int i = 0; i < g_n_images; ++i) {
-    const std::string name = g_images[i].variant;
-    if (k.fns.count(name)) continue;
-    const rt_kernel_image* im = image_for(name, k.cc);
-    if (!im) {
-      throw std::runtime_error("no fused kernel image for compute capability " + std::to_string(major) + "." +
-                               std::to_string(minor) + " (they need 8.0 or newer)");
-    }
-    CUmodule mod = nullptr;
-    d.check(d.ModuleLoadData(&mod, im->image), "loading kernel " + name);
-    LoadedKernel lk;
-    lk.image = im;
-    d.check(d.ModuleGetFunction(&lk.fn, mod, im->symbol), "finding kernel " + name);
-    if (im->shared_bytes > 48 * 1024) {
-      if (im->shared_bytes > k.shared_optin) throw std::runtime_error(name + " needs more shared memory than this GPU has");
-      d.check(d.FuncSetAttribute(lk.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, im->shared_bytes),
-              "shared memory of " + name);
-    }
-    k.fns[name] = lk;
-  }
-  return g_devices.emplace(device, std::move(k)).first->second;
-}
+  std::map<std::string, LoadedKernel> fns;
 
-#ifdef RT_WITH_CUDA
-// Launches on the current stream of the tensors' device, as PyTorch's own kernels do (so CUDA
-// graph capture and stream semantics carry over). Triton's kernels take two more pointers after
-// their own arguments (global and profile scratch), unused here: the build checks their sizes
-// are 0.
-struct CudaLauncher : Launcher {
-  DeviceKernels& k;
-  explicit CudaLauncher(DeviceKernels& k) : k(k) {}
-  int64_t sm_count() const override { return k.sms; }
+  int64_t sm_count() const override { return sms; }
+
   void launch(const std::string& variant, int64_t gx, int64_t gy, const std::vector<Arg>& args) override {
-    auto it = k.fns.find(variant);
-    if (it == k.fns.end()) throw std::runtime_error("no fused kernel " + variant);
+    auto it = fns.find(variant);
+    if (it == fns.end()) throw std::runtime_error("no fused kernel " + variant);
     const rt_kernel_image* im = it->second.image;
     if (static_cast<size_t>(im->params) != args.size() + 2)
       throw std::runtime_error(variant + ": the kernel takes " + std::to_string(im->params) + " parameters");
@@ -286,18 +239,59 @@ struct CudaLauncher : Launcher {
     }
     params[args.size()] = &ptrs[args.size()];          // global scratch: none
     params[args.size() + 1] = &ptrs[args.size() + 1];  // profile scratch: none
-    CUstream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(k.device)).stream();
+    CUstream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
     const Driver& d = driver();
-    // Autograd's backward runs on its own thread; the kernels belong to PyTorch's context.
-    CUdevice dev = 0;
-    d.check(d.DeviceGet(&dev, k.device), "cuDeviceGet");
-    make_context_current(d, dev);
+    d.make_context_current(dev);
     d.check(d.LaunchKernel(it->second.fn, static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1,
                            static_cast<unsigned>(32 * im->num_warps), 1, 1, static_cast<unsigned>(im->shared_bytes),
                            stream, params.data(), nullptr),
             "launching " + variant);
   }
 };
+
+std::mutex g_mutex;
+std::map<int, CudaDevice> g_devices;  // node addresses are stable: graph nodes keep pointers
+
+// Loads every variant for `device` (once): a GPU the images do not cover is an error here, at
+// the start of a run, not at its first BatchNorm.
+CudaDevice& cuda_device(int device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_devices.find(device);
+  if (it != g_devices.end()) return it->second;
+  const Driver& d = driver();
+  CudaDevice k;
+  k.device = device;
+  d.check(d.DeviceGet(&k.dev, device), "cuDeviceGet");
+  d.make_context_current(k.dev);
+  int major = 0, minor = 0, shared_optin = 0;
+  d.check(d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, k.dev), "compute capability");
+  d.check(d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, k.dev), "compute capability");
+  d.check(d.DeviceGetAttribute(&k.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, k.dev), "multiprocessor count");
+  d.check(d.DeviceGetAttribute(&shared_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, k.dev),
+          "shared memory");
+  const int cc = major * 10 + minor;
+  for (int i = 0; i < g_n_images; ++i) {
+    const std::string name = g_images[i].variant;
+    if (k.fns.count(name)) continue;
+    const rt_kernel_image* im = image_for(name, cc);
+    if (!im) {
+      throw std::runtime_error("no fused kernel image for compute capability " + std::to_string(major) + "." +
+                               std::to_string(minor) + " (they need 8.0 or newer)");
+    }
+    CUmodule mod = nullptr;
+    d.check(d.ModuleLoadData(&mod, im->image), "loading kernel " + name);
+    LoadedKernel lk;
+    lk.image = im;
+    d.check(d.ModuleGetFunction(&lk.fn, mod, im->symbol), "finding kernel " + name);
+    if (im->shared_bytes > 48 * 1024) {
+      if (im->shared_bytes > shared_optin) throw std::runtime_error(name + " needs more shared memory than this GPU has");
+      d.check(d.FuncSetAttribute(lk.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, im->shared_bytes),
+              "shared memory of " + name);
+    }
+    k.fns[name] = lk;
+  }
+  return g_devices.emplace(device, std::move(k)).first->second;
+}
 #endif
 
 // ---- the orchestration: kernels/bn_act.py's forward and backward.
@@ -414,7 +408,7 @@ int rt_fused_prepare(int device) {
   return rt_guard<int>([&] {
     if (g_n_images == 0) throw std::runtime_error("this build has no fused kernels");
 #ifdef RT_WITH_CUDA
-    device_kernels(device);
+    cuda_device(device);
     return 0;
 #else
     throw std::runtime_error("built without CUDA");
@@ -430,14 +424,7 @@ rt_tensor* rt_fused_bn_relu(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, rt
     *why_not = not_covered(*x, *weight, *bias, residual, *running_mean, *running_var, false);
     if (*why_not) return nullptr;
 #ifdef RT_WITH_CUDA
-    auto& k = device_kernels(x->get_device());
-    // One launcher per GPU for the life of the process: graph nodes keep a pointer to it.
-    static std::map<int, CudaLauncher> launchers;
-    CudaLauncher* launcher = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(g_mutex);
-      launcher = &launchers.try_emplace(k.device, k).first->second;
-    }
+    Launcher* launcher = &cuda_device(x->get_device());  // lives as long as the process
     return new at::Tensor(BnRelu::apply(*x, *weight, *bias, residual ? *residual : no_residual(*x), *running_mean,
                                         *running_var, momentum, eps, reinterpret_cast<int64_t>(launcher)));
 #else

@@ -252,13 +252,19 @@ pub fn empty_pinned(sizes: &[i64], kind: tch::Kind) -> Result<Tensor> {
     Ok(unsafe { Tensor::from_ptr(ptr) })
 }
 
-/// The tensors' handles, for a shim function that takes a list.
-pub(crate) fn ptrs(ts: &[Tensor]) -> Vec<*mut torch_sys::C_tensor> {
-    ts.iter().map(|t| t.as_ptr() as *mut _).collect()
+/// A tensor's handle, for a shim function that takes one.
+pub(crate) fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
+    t.as_ptr() as *mut _
 }
 
-fn opt_ptr(t: Option<&Tensor>) -> *mut torch_sys::C_tensor {
-    t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut _)
+/// The tensors' handles, for a shim function that takes a list.
+pub(crate) fn ptrs(ts: &[Tensor]) -> Vec<*mut torch_sys::C_tensor> {
+    ts.iter().map(ptr).collect()
+}
+
+/// An optional tensor's handle: null for none.
+pub(crate) fn opt_ptr(t: Option<&Tensor>) -> *mut torch_sys::C_tensor {
+    t.map_or(std::ptr::null_mut(), ptr)
 }
 
 /// A learning rate for the fused steps: a number, or a 0-dim float tensor on the parameters'

@@ -78,10 +78,6 @@ print(len(steps), steps[0], len(ops) > 100)"#
         let classes: f64 = f["class"].values().sum();
         let step = f["step"]["step"];
         let measured = f["measured"]["step measured by the clock"];
-        assert!(
-            within(classes, step, 1e-6),
-            "{source}: classes {classes} vs step {step}"
-        );
         // The acceptance bound: the trace's classes against the clock, within 5 %.
         assert!(
             within(classes, measured, 0.05),

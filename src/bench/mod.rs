@@ -172,7 +172,7 @@ pub fn run(o: &BenchOptions) -> Result<BenchResult> {
         _ => None,
     };
     let profile = match &o.profile {
-        Some(p) => Some(profile::run(&mut step, &x, &y, o.device, p)?),
+        Some(p) => Some(profile::run(|| step.step(&x, &y), o.device, p)?),
         None => None,
     };
     Ok(BenchResult {

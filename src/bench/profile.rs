@@ -7,9 +7,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
-use tch::{Device, Tensor};
+use tch::Device;
 
-use super::TrainStep;
 use crate::shim;
 
 #[derive(Debug, Clone)]
@@ -25,7 +24,8 @@ pub struct ProfiledSteps {
     pub measured_ms: f64,
 }
 
-pub fn run(step: &mut TrainStep, x: &Tensor, y: &Tensor, device: Device, o: &ProfileOptions) -> Result<ProfiledSteps> {
+/// `o.steps` calls of `step` on `device`, profiled.
+pub fn run(mut step: impl FnMut() -> Result<()>, device: Device, o: &ProfileOptions) -> Result<ProfiledSteps> {
     std::fs::create_dir_all(&o.dir).with_context(|| format!("creating --profile {}", o.dir.display()))?;
     let trace = o.dir.join("trace.json");
     let measured_ms = crate::atomic::write_file_by_path(&trace, |tmp| {
@@ -34,7 +34,7 @@ pub fn run(step: &mut TrainStep, x: &Tensor, y: &Tensor, device: Device, o: &Pro
         let t0 = Instant::now();
         for i in 0..o.steps {
             let _scope = shim::RecordScope::begin(&format!("ProfilerStep#{}", i + 1))?;
-            step.step(x, y)?;
+            step()?;
         }
         crate::device::synchronize(device);
         let ms = t0.elapsed().as_secs_f64() * 1000.0 / o.steps as f64;

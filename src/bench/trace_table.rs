@@ -12,8 +12,8 @@
 //! Where nothing runs is "idle". So the classes and idle add up to the step time of the trace.
 //!
 //! Each kernel or operator is classed by its name and the names of the operators it ran inside
-//! (its launching `aten::` op, autograd node, `Optimizer.step`), by the first rule of `RULES`'
-//! order that matches any of them: communication, optimizer, Triton's generated kernels (by their
+//! (its launching `aten::` op, autograd node, `Optimizer.step`), by the first of these rules
+//! (`classify`) that matches any of them: communication, optimizer, Triton's generated kernels (by their
 //! prefix: pointwise, reduction, or normalisation when their fused ops name one), convolutions,
 //! matrix multiplies, normalisation, reductions, copies, pointwise. The host's share is told
 //! apart: the time per step some CPU thread spends inside an operator or a CUDA API call.
@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use crate::bail_user;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Class {
     ConvForward,
     ConvDataGrad,
@@ -272,8 +272,6 @@ pub struct StepProfile {
     /// "CUDA" or "CPU": whose timeline was divided.
     pub device: &'static str,
     pub steps: usize,
-    /// Milliseconds per step of the divided timeline (the sum of `classes`).
-    pub step_ms: f64,
     /// Milliseconds per step of each class, idle included (every class, 0 where none ran).
     pub classes: Vec<(Class, f64)>,
     /// Milliseconds per step some host thread spent inside an operator or a CUDA API call.
@@ -288,6 +286,11 @@ pub struct StepProfile {
 impl StepProfile {
     pub fn ms(&self, class: Class) -> f64 {
         self.classes.iter().find(|(c, _)| *c == class).map_or(0.0, |x| x.1)
+    }
+
+    /// Milliseconds per step of the divided timeline: the sum of the classes.
+    pub fn step_ms(&self) -> f64 {
+        self.classes.iter().map(|c| c.1).sum()
     }
 }
 
@@ -646,7 +649,6 @@ fn divide_steps(evs: &[Ev]) -> std::result::Result<StepProfile, String> {
     Ok(StepProfile {
         device,
         steps,
-        step_ms: classes.iter().map(|c| c.1).sum(),
         classes,
         host_ms,
         by_name,
@@ -677,21 +679,21 @@ pub fn table(columns: &[(&str, &StepProfile, Option<f64>)]) -> String {
         }
         row(
             class.label(),
-            columns.iter().map(|(_, p, _)| cell(p.ms(class), p.step_ms)).collect(),
+            columns.iter().map(|(_, p, _)| cell(p.ms(class), p.step_ms())).collect(),
         );
     }
     row(
         "step (sum of the above)",
-        columns.iter().map(|(_, p, _)| cell(p.step_ms, p.step_ms)).collect(),
+        columns.iter().map(|(_, p, _)| cell(p.step_ms(), p.step_ms())).collect(),
     );
     row(
         "host busy (operators, CUDA API)",
-        columns.iter().map(|(_, p, _)| cell(p.host_ms, p.step_ms)).collect(),
+        columns.iter().map(|(_, p, _)| cell(p.host_ms, p.step_ms())).collect(),
     );
     if columns.iter().any(|c| c.2.is_some()) {
         let measured = columns
             .iter()
-            .map(|(_, p, m)| m.map_or(format!("  {:>w$}", "-"), |m| cell(m, p.step_ms)));
+            .map(|(_, p, m)| m.map_or(format!("  {:>w$}", "-"), |m| cell(m, p.step_ms())));
         row("step measured by the clock", measured.collect());
     }
     row(
@@ -714,28 +716,45 @@ pub fn top_names(p: &StepProfile, n: usize) -> String {
             };
             format!(
                 "  {ms:>10.3} ms  {:>5.1} %  {name}  [{}]\n",
-                100.0 * ms / p.step_ms.max(1e-12),
+                100.0 * ms / p.step_ms().max(1e-12),
                 class.label()
             )
         })
         .collect()
 }
 
-/// The profile as CSV rows: `label,kind,name,ms_per_step` with kind `class`, `step`, `host` or
-/// `name` (one row per kernel or operator).
-pub fn csv_rows(label: &str, p: &StepProfile) -> Vec<[String; 4]> {
+/// The table of `columns`, each profile's `top` largest kernels or operators after it, and every
+/// figure as CSV rows (`csv_rows`).
+pub fn report(columns: &[(&str, &StepProfile, Option<f64>)], top: usize) -> (String, Vec<[String; 4]>) {
+    let mut text = table(columns);
+    let mut rows = Vec::new();
+    for &(label, p, measured) in columns {
+        if top > 0 {
+            text += &format!("\n{label}: the largest kernels and operators\n{}", top_names(p, top));
+        }
+        rows.extend(csv_rows(label, p, measured));
+    }
+    (text, rows)
+}
+
+/// The profile as CSV rows: `label,kind,name,ms_per_step` with kind `class`, `step`, `host`,
+/// `measured` (the clock's step, where given) or `name` (one row per kernel or operator).
+pub fn csv_rows(label: &str, p: &StepProfile, measured_ms: Option<f64>) -> Vec<[String; 4]> {
     let mut rows: Vec<[String; 4]> = p
         .classes
         .iter()
         .map(|(c, ms)| [label.into(), "class".into(), c.label().into(), format!("{ms:.6}")])
         .collect();
-    rows.push([label.into(), "step".into(), "step".into(), format!("{:.6}", p.step_ms)]);
+    rows.push([label.into(), "step".into(), "step".into(), format!("{:.6}", p.step_ms())]);
     rows.push([
         label.into(),
         "host".into(),
         "host busy".into(),
         format!("{:.6}", p.host_ms),
     ]);
+    if let Some(ms) = measured_ms {
+        rows.push([label.into(), "measured".into(), "step measured by the clock".into(), format!("{ms:.6}")]);
+    }
     for (name, _, ms) in &p.by_name {
         rows.push([label.into(), "name".into(), name.clone(), format!("{ms:.6}")]);
     }
@@ -853,7 +872,7 @@ mod tests {
         ];
         let p = divide_steps(&evs).unwrap();
         assert_eq!((p.device, p.steps), ("CPU", 2));
-        assert!((p.step_ms - 0.1).abs() < 1e-12, "{p:?}");
+        assert!((p.step_ms() - 0.1).abs() < 1e-12, "{p:?}");
         assert!((p.ms(Class::ConvForward) - 0.050 / 2.0).abs() < 1e-12);
         assert!((p.ms(Class::Pointwise) - 0.010 / 2.0).abs() < 1e-12);
         assert!((p.ms(Class::Optimizer) - 0.020 / 2.0).abs() < 1e-12);
@@ -899,7 +918,7 @@ mod tests {
         assert_eq!((p.device, p.steps), ("CUDA", 1));
         // From 100 to 400 µs: conv 100, idle 50, wgrad 100 (overlapped by NCCL from 300), NCCL
         // alone 50.
-        assert!((p.step_ms - 0.300).abs() < 1e-12, "{p:?}");
+        assert!((p.step_ms() - 0.300).abs() < 1e-12, "{p:?}");
         assert!((p.ms(Class::ConvForward) - 0.100).abs() < 1e-12);
         assert!((p.ms(Class::ConvWeightGrad) - 0.100).abs() < 1e-12);
         assert!((p.ms(Class::Communication) - 0.050).abs() < 1e-12);

@@ -25,7 +25,7 @@ use crate::{bail_user, say};
 use crate::shim;
 use args::{
     BenchArgs, BenchDataArgs, Cli, Command, CompareArgs, ConvertArgs, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
-    TraceTableArgs, TrainArgs,
+    FusedCheckArgs, TraceTableArgs, TrainArgs,
 };
 
 fn dispatch(cli: Cli) -> Result<()> {
@@ -44,11 +44,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Bench(args)) => bench(&args),
         Some(Command::BenchData(args)) => bench_data(&args),
         Some(Command::TraceTable(args)) => trace_table(&args),
-        Some(Command::FusedCheck(args)) => {
-            let n = crate::bench::fused_check::run(args.device.resolve()?, &args.out)?;
-            say!("{n} cases of the fused kernels written to {}", args.out.display());
-            Ok(())
-        }
+        Some(Command::FusedCheck(args)) => fused_check(&args),
         Some(Command::Split(args)) => split(&args),
         Some(Command::Stats(args)) => stats(&args),
         Some(Command::Pack(args)) => pack(&args),
@@ -335,14 +331,14 @@ fn trace_table(a: &TraceTableArgs) -> Result<()> {
     if !a.labels.is_empty() && a.labels.len() != a.traces.len() {
         bail_user!("--labels names {} columns for {} traces", a.labels.len(), a.traces.len());
     }
-    // Columns are named by --labels, else by file name, else (names alike) by path.
-    let file_name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
-    let names_alike = a.traces.iter().filter(|p| a.traces.iter().filter(|q| file_name(q) == file_name(p)).count() > 1).count() > 0;
+    // Columns are named by --labels, else by file name, else (two names alike) by path.
+    let names: Vec<_> = a.traces.iter().map(|p| p.file_name()).collect();
+    let names_unique = names.iter().collect::<std::collections::HashSet<_>>().len() == names.len();
     let mut read = Vec::new();
     for (i, path) in a.traces.iter().enumerate() {
-        let label = match (a.labels.get(i), file_name(path)) {
+        let label = match (a.labels.get(i), names[i]) {
             (Some(l), _) => l.clone(),
-            (None, Some(name)) if !names_alike => name,
+            (None, Some(name)) if names_unique => name.to_string_lossy().into_owned(),
             _ => path.display().to_string(),
         };
         if !path.is_file() {
@@ -351,14 +347,7 @@ fn trace_table(a: &TraceTableArgs) -> Result<()> {
         read.push((label, trace_table::read(path)?));
     }
     let columns: Vec<_> = read.iter().map(|(l, p)| (l.as_str(), p, None)).collect();
-    let mut text = trace_table::table(&columns);
-    let mut rows = Vec::new();
-    for (label, p) in &read {
-        if a.top > 0 {
-            text += &format!("\n{label}: the largest kernels and operators\n{}", trace_table::top_names(p, a.top));
-        }
-        rows.extend(trace_table::csv_rows(label, p));
-    }
+    let (text, rows) = trace_table::report(&columns, a.top);
     say!("{}", text.trim_end());
     if let Some(path) = &a.csv {
         crate::bench::profile::write_csv(path, &rows)?;
@@ -375,22 +364,19 @@ fn profile_tables(dir: &Path, profiled: &[(&str, Option<crate::bench::profile::P
         let Some(run) = run else {
             bail_user!("--profile: the {label} run wrote no trace");
         };
-        read.push((*label, trace_table::read(&run.trace)?, Some(run.measured_ms), run.trace.clone()));
+        read.push((*label, trace_table::read(&run.trace)?, Some(run.measured_ms)));
     }
-    let columns: Vec<_> = read.iter().map(|(l, p, m, _)| (*l, p, *m)).collect();
-    let mut text = format!("where each step's time goes (libtorch's profiler; {})\n", dir.display());
-    text += &trace_table::table(&columns);
-    let mut rows = Vec::new();
-    for (label, p, measured, trace) in &read {
-        text += &format!("\n{label}: the largest kernels and operators ({})\n", trace.display());
-        text += &trace_table::top_names(p, 15);
-        rows.extend(trace_table::csv_rows(label, p));
-        if let Some(ms) = measured {
-            rows.push([(*label).into(), "measured".into(), "step measured by the clock".into(), format!("{ms:.6}")]);
-        }
-    }
+    let columns: Vec<_> = read.iter().map(|(l, p, m)| (*l, p, *m)).collect();
+    let (table, rows) = trace_table::report(&columns, 15);
+    let text = format!("where each step's time goes (libtorch's profiler; {})\n{table}", dir.display());
     say!("{}", text.trim_end());
     crate::bench::profile::write_tables(dir, &text, &rows)
+}
+
+fn fused_check(a: &FusedCheckArgs) -> Result<()> {
+    let n = crate::bench::fused_check::run(a.device.resolve()?, &a.out)?;
+    say!("{n} cases of the fused kernels written to {}", a.out.display());
+    Ok(())
 }
 
 fn bench_data(a: &BenchDataArgs) -> Result<()> {

@@ -17,6 +17,7 @@ use tch::{Device, Kind, Tensor};
 use super::network;
 use super::stderr;
 use crate::error::user_error;
+use crate::shim::ptr;
 
 #[repr(C)]
 struct RtPg {
@@ -106,10 +107,6 @@ pub enum ReduceOp {
 
 pub fn nccl_available() -> bool {
     unsafe { rt_nccl_available() == 1 }
-}
-
-fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
-    t.as_ptr() as *mut _
 }
 
 /// Why ranks that met at the store may still fail to connect.

@@ -9,6 +9,7 @@ use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
 use crate::dist::process_group::ProcessGroup;
+use crate::shim::ptr;
 
 static SYNC_GROUP: AtomicPtr<std::ffi::c_void> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -72,10 +73,6 @@ pub fn batch_norm2d_with(p: nn::Path, c: i64, eps: f64, momentum: f64) -> BatchN
         momentum,
         fused: false,
     }
-}
-
-fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
-    t.as_ptr() as *mut _
 }
 
 impl BatchNorm2d {

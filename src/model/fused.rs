@@ -1,7 +1,7 @@
-//! `--fused-norm`: BatchNorm (+ the residual add) + ReLU of a training step in two kernels each
-//! way instead of eager PyTorch's five passes: the Triton kernels of kernels/bn_act.py, compiled
-//! when ringtrain was built (build_support/compile_kernels.py) and embedded here, launched by
-//! csrc/fused_norm.cpp. Behind a flag until a GPU run shows them faster than the unfused ops;
+//! `--fused-norm`: BatchNorm (+ the residual add) + ReLU of a training step in fewer passes over
+//! the activations than eager PyTorch's (kernels/bn_act.py counts them): the Triton kernels of
+//! kernels/bn_act.py, compiled when ringtrain was built (build_support/compile_kernels.py) and
+//! embedded here, launched by csrc/fused_norm.cpp. Behind a flag until a GPU run shows them faster than the unfused ops;
 //! every call they do not cover runs the unfused ops instead (docs/GUIDE.md, "Fused BatchNorm").
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
@@ -10,6 +10,8 @@ use std::sync::{Mutex, OnceLock};
 
 use anyhow::{bail, Result};
 use tch::{Device, Tensor};
+
+use crate::shim::{opt_ptr, ptr};
 
 /// One compiled kernel, as the build wrote it.
 pub struct KernelImage {
@@ -117,8 +119,8 @@ fn register() {
     });
 }
 
-/// What this build carries, for `--version` and `doctor`: e.g. "38 kernels for sm_80, sm_90,
-/// sm_100 and PTX for newer GPUs (Triton 3.6.0)", or why there are none.
+/// What this build carries, for `--version` and `doctor`: e.g. "44 kernels for sm_80, sm_90,
+/// sm_100, and PTX for newer GPUs (Triton 3.6.0)", or why there are none.
 pub fn describe() -> String {
     if table::KERNELS.is_empty() {
         return "none (Triton was not importable when ringtrain was built)".into();
@@ -153,10 +155,6 @@ pub fn prepare(device: Device) -> Result<(), String> {
     Ok(())
 }
 
-fn ptr(t: &Tensor) -> *mut torch_sys::C_tensor {
-    t.as_ptr() as *mut _
-}
-
 /// relu(batch_norm(x) [+ residual]) in training mode through the fused kernels, running
 /// statistics updated; `None` when they do not cover this call (its reason told once per
 /// process), and the caller runs the unfused ops. A failure inside them ends the process, as a
@@ -178,7 +176,7 @@ pub fn bn_relu(
             ptr(x),
             ptr(weight),
             ptr(bias),
-            residual.map_or(std::ptr::null_mut(), ptr),
+            opt_ptr(residual),
             ptr(running_mean),
             ptr(running_var),
             momentum,
@@ -226,7 +224,7 @@ pub fn record_launches(
             ptr(x),
             ptr(w),
             ptr(b),
-            residual.map_or(std::ptr::null_mut(), ptr),
+            opt_ptr(residual),
             ptr(rm),
             ptr(rv),
             0.1,

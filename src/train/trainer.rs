@@ -440,9 +440,9 @@ impl Trainer {
 fn model_options(cfg: &TrainConfig, device: Device) -> crate::model::ModelOptions {
     let mut opts = cfg.model_options();
     if opts.fused_norm {
-        let why = match (cfg.model.arch(), crate::model::fused::prepare(device)) {
-            (crate::model::kind::Arch::ResNet(_), Ok(())) => None,
-            (crate::model::kind::Arch::ResNet(_), Err(why)) => Some(why),
+        // The kernels are loaded onto the GPU only for a model that uses them.
+        let why = match cfg.model.arch() {
+            crate::model::kind::Arch::ResNet(_) => crate::model::fused::prepare(device).err(),
             _ => Some(format!("{} has no layers the fused kernels cover (the ResNet family has)", cfg.model)),
         };
         if let Some(why) = why {

@@ -4,11 +4,13 @@ F.batch_norm in training mode, the residual add and ReLU, forward and backward t
 
 Each case draws x, the residual, weight, bias, running statistics and the upstream gradient, then
 compares, per tensor, relative to that tensor's largest magnitude in an fp64 reference:
-  - fp32: the fused kernels and PyTorch's fp32 ops both within 2e-5 of fp64;
+  - fp32: the fused kernels and PyTorch's fp32 ops both within 2e-5 of fp64 (FUSED_FP32);
   - fp16/bf16: the fused kernels (fp32 inside, one rounding at the store) at most twice as far
     from the fp64 reference as PyTorch's own unfused ops in that dtype (which round after every
     op), plus a quarter of the dtype's unit roundoff for ties.
-The mean, invstd and running statistics (fp32 on both sides) are held to 1e-5 in every dtype.
+The mean, invstd and running statistics (fp32 on both sides) are held to 1e-5 in every dtype
+(FUSED_STATS). The reference and the bounds are the GPU battery's (bench/gpu_battery.py), which
+holds the compiled kernels to them on a GPU.
 Shapes are odd on purpose: channel counts that are no multiple of the 64-channel block, row
 counts that leave a ragged last tile and a ragged last reduction part, and several reduction
 plans (one part, many parts) for the same shape.
@@ -25,15 +27,18 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "kernels"))
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path[:0] = [os.path.join(ROOT, "kernels"), os.path.join(ROOT, "bench")]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 import bn_act  # noqa: E402
+# The GPU battery's reference and bounds, so that its check of the compiled kernels and this one
+# of the interpreted kernels are the same check.
+from gpu_battery import FUSED_FP32, FUSED_STATS, fused_bound, unfused_bn_relu  # noqa: E402
 
 
 def _interpreter_bf16_rounds_to_nearest_even():
@@ -55,9 +60,6 @@ def _interpreter_bf16_rounds_to_nearest_even():
 
 _interpreter_bf16_rounds_to_nearest_even()
 
-UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-
-
 def channels_last_2d(t):
     """[N, C, H, W] channels_last → its [M, C] matrix (a view, no copy)."""
     n, c, h, w = t.shape
@@ -67,20 +69,6 @@ def channels_last_2d(t):
 def from_2d(t2d, shape):
     n, c, h, w = shape
     return t2d.reshape(n, h, w, c).permute(0, 3, 1, 2)
-
-
-def unfused(x, res, w, b, rm, rv, momentum, eps, dy):
-    """PyTorch's ops as ringtrain's model calls them without fusion; grads of x, w, b, res."""
-    x = x.detach().requires_grad_()
-    w = w.detach().requires_grad_()
-    b = b.detach().requires_grad_()
-    res = res.detach().requires_grad_() if res is not None else None
-    y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=momentum, eps=eps)
-    if res is not None:
-        y = y + res
-    y = torch.relu(y)
-    y.backward(dy)
-    return y.detach(), x.grad, w.grad, b.grad, res.grad if res is not None else None
 
 
 def rel(got, want):
@@ -104,11 +92,11 @@ def case(shape, dtype, has_res, sm_count, seed):
 
     # fp64 reference from the very inputs the kernels see (already rounded to dtype).
     rm64, rv64 = rm0.double().clone(), rv0.double().clone()
-    ref = unfused(x.double(), res.double() if has_res else None, w.double(), b.double(), rm64, rv64,
-                  momentum, eps, dy.double())
+    ref = unfused_bn_relu(x.double(), res.double() if has_res else None, w.double(), b.double(), rm64, rv64,
+                          dy.double(), momentum, eps)
     # PyTorch's own ops in dtype (autocast keeps BatchNorm's parameters in fp32).
     rm_t, rv_t = rm0.clone(), rv0.clone()
-    twin = unfused(x, res, w, b, rm_t, rv_t, momentum, eps, dy)
+    twin = unfused_bn_relu(x, res, w, b, rm_t, rv_t, dy, momentum, eps)
 
     rm_f, rv_f = rm0.clone(), rv0.clone()
     y2d, mean, invstd = bn_act.forward(channels_last_2d(x), channels_last_2d(res) if has_res else None, w, b,
@@ -124,10 +112,8 @@ def case(shape, dtype, has_res, sm_count, seed):
             continue
         assert f.dtype == t.dtype, (name, f.dtype, t.dtype)
         ef, et = rel(f, r), rel(t, r)
-        if dtype == torch.float32:
-            ok = ef <= 2e-5 and et <= 2e-5
-        else:
-            ok = ef <= 2 * et + UNIT_ROUNDOFF[dtype] / 4
+        # In fp32 PyTorch's own ops must meet the bound too.
+        ok = ef <= fused_bound(dtype, et) and (dtype != torch.float32 or et <= FUSED_FP32)
         out[name] = (ef, et)
         if not ok:
             raise AssertionError(f"{shape} {dtype} res={has_res} sm={sm_count}: {name} fused {ef:.3g} "
@@ -143,7 +129,7 @@ def case(shape, dtype, has_res, sm_count, seed):
     for name, (f, r) in stats.items():
         e = rel(f, r)
         out[name] = (e, None)
-        if e > 1e-5:
+        if e > FUSED_STATS:
             raise AssertionError(f"{shape} {dtype} sm={sm_count}: {name} {e:.3g} from fp64")
     # The parts really were several where the plan says so (the test would not cover merges else).
     return out, bn_act.reduction_plan(n * h * w_, c, sm_count)[0]
@@ -179,7 +165,6 @@ def battery_check(out_dir):
     given a file in that format made by the interpreted kernels: it must pass it, and fail it
     once one gradient is off by a few units in the last place of its largest element."""
     from safetensors.torch import save_file
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
     import gpu_battery
 
     tensors = {}
