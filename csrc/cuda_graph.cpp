@@ -70,7 +70,9 @@ rt_cuda_graph* rt_cuda_graph_begin(int device) {
     at::autocast::set_autocast_cache_enabled(false);
     g->capturing = true;
     try {
-      g->graph.capture_begin();
+      // Thread-local: the loader's threads may pin host memory while this thread captures (in
+      // the global mode any thread's cudaHostAlloc during a capture invalidates it).
+      g->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
     } catch (...) {
       g->stop_capturing();
       throw;

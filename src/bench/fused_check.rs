@@ -51,7 +51,10 @@ pub fn run(device: Device, out: &Path) -> Result<usize> {
             .with_context(|| format!("fused-check: the kernels do not cover case {i} ({shape:?} {kind:?})"))?;
         // The upstream gradient is dy exactly: d(Σ y·dy)/dy = dy (a product with 1).
         (&y * &dy).sum(Kind::Float).backward();
-        let mut put = |name: &str, t: &Tensor| named.push((format!("{i}.{name}"), t.detach().to_device(Device::Cpu)));
+        // Contiguous copies: safetensors writes no strided (channels_last) tensor.
+        let mut put = |name: &str, t: &Tensor| {
+            named.push((format!("{i}.{name}"), t.detach().to_device(Device::Cpu).contiguous()))
+        };
         for (name, t) in [
             ("x", &x),
             ("dy", &dy),

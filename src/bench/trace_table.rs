@@ -371,8 +371,10 @@ fn events(text: &str) -> std::result::Result<Vec<Ev>, serde_json::Error> {
         .collect())
 }
 
+/// A step's host scope. On CUDA, Kineto mirrors each scope on the GPU's timeline
+/// (`gpu_user_annotation`, from the step's first kernel to its last): not a step of its own.
 fn is_step(e: &Ev) -> bool {
-    e.name.starts_with("ProfilerStep#")
+    e.name.starts_with("ProfilerStep#") && e.cat != "gpu_user_annotation"
 }
 
 fn is_gpu(e: &Ev) -> bool {
@@ -894,6 +896,8 @@ mod tests {
         let (host, bwd, s7, s9) = ("1/1", "1/2", "0/7", "0/9");
         let evs = vec![
             ev("ProfilerStep#5", "user_annotation", host, 0.0, 50.0, None),
+            // Its mirror on the GPU's timeline: the same step, not a second one.
+            ev("ProfilerStep#5", "gpu_user_annotation", s7, 100.0, 300.0, None),
             ev("aten::conv2d", "cpu_op", host, 1.0, 5.0, None),
             ev("cudaLaunchKernel", "cuda_runtime", host, 2.0, 1.0, Some(1)),
             ev("ConvolutionBackward0", "cpu_op", bwd, 10.0, 5.0, None),
