@@ -77,12 +77,17 @@ pub fn synchronize(device: Device) {
 /// batch's work from the second epoch on (cuDNN's autotuning in the first synchronises), `bench`
 /// over its timed steps: how the GPU battery counts the synchronisations inside a step.
 pub fn sync_warnings(device: Device, active: bool) -> Option<crate::shim::SyncWarnings> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("RINGTRAIN_CUDA_SYNC_DEBUG").is_ok_and(|v| v == "warn"));
-    match on && active && device.is_cuda() {
+    match sync_debug_requested() && active && device.is_cuda() {
         true => crate::shim::SyncWarnings::start().ok(),
         false => None,
     }
+}
+
+/// Whether `RINGTRAIN_CUDA_SYNC_DEBUG=warn` is set (read once): libtorch's warnings must then
+/// stay on (cli's start-up), as they carry the synchronisations.
+pub fn sync_debug_requested() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RINGTRAIN_CUDA_SYNC_DEBUG").is_ok_and(|v| v == "warn"))
 }
 
 #[cfg(test)]

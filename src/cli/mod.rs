@@ -620,8 +620,7 @@ pub fn main() -> i32 {
         Err(e) => e.exit(), // --help
     };
     // libtorch's warnings stay off, but for the sync debug mode, whose warnings are the point.
-    let sync_debug = std::env::var("RINGTRAIN_CUDA_SYNC_DEBUG").is_ok_and(|v| v == "warn");
-    if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() && !sync_debug {
+    if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() && !crate::device::sync_debug_requested() {
         shim::set_torch_log_level(3);
     }
     match dispatch(cli) {
