@@ -6,12 +6,12 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::bail_user;
-use crate::data::labels::Columns;
+use crate::data::source::Columns;
 use crate::data::source::DataSpec;
 use crate::device::DeviceSpec;
 use crate::model::weights::WeightsSource;
 use crate::model::ModelKind;
-use crate::train::amp::AmpMode;
+use crate::train::step::amp::AmpMode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -145,7 +145,7 @@ pub struct TrainConfig {
     pub mix_switch_prob: f64,
     /// RandomErasing probability per training image (0: off), and its fill.
     pub random_erasing: f64,
-    pub random_erasing_mode: crate::data::erasing::EraseMode,
+    pub random_erasing_mode: crate::data::augment::erasing::EraseMode,
     /// RandomResizedCrop area range.
     pub crop_scale: Vec<f64>,
     /// CIFAR-style training crop instead: Resize(img_size) + RandomCrop(img_size, padding=N).
@@ -165,7 +165,7 @@ pub struct TrainConfig {
     pub prefetch: usize,
     /// Keep decoded images in RAM after the first epoch: auto (when the whole set fits the
     /// budget), ram (what fits), off.
-    pub cache: crate::data::cache::CacheMode,
+    pub cache: crate::data::load::cache::CacheMode,
     /// The RAM cache's budget in GB; default: half the memory available at the start, shared
     /// by the node's ranks.
     pub cache_gb: Option<f64>,
@@ -235,7 +235,7 @@ impl Default for TrainConfig {
             val_labels: None,
             image_column: None,
             label_column: None,
-            shuffle_buffer: crate::data::loader::DEFAULT_SHUFFLE_BUFFER,
+            shuffle_buffer: crate::data::load::loader::DEFAULT_SHUFFLE_BUFFER,
             out: PathBuf::from("runs/train"),
             model: ModelKind::ResNet18,
             img_size: 224,
@@ -277,7 +277,7 @@ impl Default for TrainConfig {
             mix_prob: 1.0,
             mix_switch_prob: 0.5,
             random_erasing: 0.0,
-            random_erasing_mode: crate::data::erasing::EraseMode::Const,
+            random_erasing_mode: crate::data::augment::erasing::EraseMode::Const,
             crop_scale: vec![0.08, 1.0],
             crop_padding: None,
             hflip: true,
@@ -285,7 +285,7 @@ impl Default for TrainConfig {
             std: crate::data::IMAGENET_STD.to_vec(),
             workers: None,
             prefetch: 4,
-            cache: crate::data::cache::CacheMode::Auto,
+            cache: crate::data::load::cache::CacheMode::Auto,
             cache_gb: None,
             data_on_device: false,
             seed: 42,
@@ -293,7 +293,7 @@ impl Default for TrainConfig {
             log_every: 50,
             amp: AmpMode::Auto,
             loss_scale: None,
-            init_loss_scale: crate::train::amp::INIT_SCALE,
+            init_loss_scale: crate::train::step::amp::INIT_SCALE,
             deterministic: false,
             channels_last: None,
             overwrite: false,
@@ -437,8 +437,8 @@ impl TrainConfig {
     }
 
     /// Mixup/CutMix settings when either is on.
-    pub fn mixup(&self, num_classes: i64) -> Option<crate::data::mixup::MixupConfig> {
-        (self.mixup_alpha > 0.0 || self.cutmix_alpha > 0.0).then(|| crate::data::mixup::MixupConfig {
+    pub fn mixup(&self, num_classes: i64) -> Option<crate::data::augment::mixup::MixupConfig> {
+        (self.mixup_alpha > 0.0 || self.cutmix_alpha > 0.0).then(|| crate::data::augment::mixup::MixupConfig {
             mixup_alpha: self.mixup_alpha,
             cutmix_alpha: self.cutmix_alpha,
             prob: self.mix_prob,

@@ -18,5 +18,6 @@ pub mod infer;
 pub mod model;
 pub mod report;
 pub mod seeds;
+pub mod serde_nan;
 pub mod shim;
 pub mod train;

@@ -4,7 +4,7 @@
 mod common;
 
 use ringtrain::dist::process_group::ProcessGroup;
-use ringtrain::train::amp::{GradScaler, INIT_SCALE};
+use ringtrain::train::step::amp::{GradScaler, INIT_SCALE};
 use tch::{Device, Tensor};
 
 #[test]

@@ -4,7 +4,7 @@ mod common;
 
 use common::run_python_code;
 use ringtrain::data::decode::decode_rgb;
-use ringtrain::data::folder::ImageFolder;
+use ringtrain::data::source::folder::ImageFolder;
 
 /// A tree with every extension torchvision accepts, in several letter cases, nested folders
 /// whose names sort differently as paths and as strings, a hidden file, a symlinked image, and

@@ -20,7 +20,7 @@ const LAG: f64 = 2e-2;
 #[test]
 fn ema_matches_torch_averaged_model() {
     use ringtrain::model::Model;
-    use ringtrain::train::ema::Ema;
+    use ringtrain::train::step::ema::Ema;
     let dir = tempfile::tempdir().unwrap();
     tch::manual_seed(3);
     let mut m = Model::new("resnet18".parse().unwrap(), 7, Device::Cpu);

@@ -175,7 +175,7 @@ fn a_run_directory_is_held_by_its_live_run() {
         let o = Command::new(BIN).args(args(&d, &out, 1, extra)).output().unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{extra}: {}", text(&o));
-        let host = ringtrain::train::run_lock::hostname();
+        let host = ringtrain::train::lifecycle::run_lock::hostname();
         assert!(
             stderr.contains(&format!("is in use by another run (held by pid {rank0} on {host})")),
             "{extra}: {stderr}"

@@ -4,7 +4,7 @@ mod common;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use ringtrain::data::mixup::{soft_target_cross_entropy, MixDraws, MixParams, Mixup, MixupConfig};
+use ringtrain::data::augment::mixup::{soft_target_cross_entropy, MixDraws, MixParams, Mixup, MixupConfig};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 

@@ -64,7 +64,7 @@ impl Nodes {
     }
 
     fn make(&self) -> Result<(), String> {
-        let hostname = ringtrain::train::run_lock::hostname();
+        let hostname = ringtrain::train::lifecycle::run_lock::hostname();
         for i in 0..2 {
             sh(&["ip", "netns", "add", &self.ns[i]])?;
             // The host's name on loopback (Debian's 127.0.1.1 line), the nodes by name.

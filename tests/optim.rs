@@ -11,10 +11,10 @@ use std::collections::{HashMap, HashSet};
 
 use ringtrain::config::{OptimizerKind, TrainConfig};
 use ringtrain::dist::process_group::ProcessGroup;
-use ringtrain::train::amp::{GradScaler, INIT_SCALE};
-use ringtrain::train::optim::{Optimizer, Placement};
+use ringtrain::train::step::amp::{GradScaler, INIT_SCALE};
+use ringtrain::train::step::optim::{Optimizer, Placement};
 use ringtrain::shim::Lr;
-use ringtrain::train::schedule::{Plateau, PlateauState};
+use ringtrain::train::step::schedule::{Plateau, PlateauState};
 use tch::{Device, Kind, Tensor};
 
 const LRS: [f64; 6] = [0.1, 0.08, 0.05, 0.05, 0.02, 0.01];

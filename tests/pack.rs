@@ -5,12 +5,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use ringtrain::data::cache::Budget;
-use ringtrain::data::loader::{Loader, LoaderOptions};
-use ringtrain::data::pack::{self, PackOptions, Store};
+use ringtrain::data::load::cache::Budget;
+use ringtrain::data::load::loader::{Loader, LoaderOptions};
+use ringtrain::data::source::pack::{self as packed_file, Store};
+use ringtrain::data::tools::pack::{self, PackOptions};
 use ringtrain::data::source::Dataset;
-use ringtrain::data::transform::Transform;
-use ringtrain::data::Normalizer;
+use ringtrain::data::augment::transform::Transform;
+use ringtrain::data::load::normalize::Normalizer;
 use tch::{Device, Kind, Tensor};
 
 /// `write_folder`'s images in a temporary directory: (the directory, the ImageFolder in it).
@@ -151,7 +152,7 @@ fn a_raw_pack_is_the_folder_decoded_once() {
     // as small as 8 % of a 64×48 image lose the detail --max-side removed: pick it above the
     // training size.)
     let small = packed(&data, &d.path().join("small.pack"), Store::Raw, Some(48));
-    let pack = pack::Pack::open(&small, "--data").unwrap();
+    let pack = packed_file::Pack::open(&small, "--data").unwrap();
     let shrunk = pack
         .index
         .records
@@ -218,8 +219,8 @@ fn a_pack_splits_as_its_folder_does() {
             .map(|i| s.path(i).strip_prefix(root).unwrap().to_path_buf())
             .collect()
     };
-    let (ft, fv) = ringtrain::data::split::stratified(&Dataset::open(&data, "--data").unwrap(), 0.3, 5);
-    let (pt, pv) = ringtrain::data::split::stratified(&Dataset::open(&p, "--data").unwrap(), 0.3, 5);
+    let (ft, fv) = ringtrain::data::tools::split::stratified(&Dataset::open(&data, "--data").unwrap(), 0.3, 5);
+    let (pt, pv) = ringtrain::data::tools::split::stratified(&Dataset::open(&p, "--data").unwrap(), 0.3, 5);
     assert_eq!(names(&data, &ft), names(&p, &pt));
     assert_eq!(names(&data, &fv), names(&p, &pv));
     assert_eq!(fv.len(), 6);
@@ -289,7 +290,7 @@ fn device_side_crops_follow_random_resized_crop_and_flip_half_the_time() {
     let host: Vec<(f64, f64)> = (0..100_000)
         .map(|_| {
             let b =
-                ringtrain::data::transform::random_resized_crop_box(200, 150, (0.25, 1.0), (0.75, 4.0 / 3.0), &mut rng);
+                ringtrain::data::augment::transform::random_resized_crop_box(200, 150, (0.25, 1.0), (0.75, 4.0 / 3.0), &mut rng);
             (b.width * b.height / 30_000.0, (b.width / b.height).ln())
         })
         .collect();
@@ -386,7 +387,7 @@ fn a_pack_is_replaced_atomically_and_bad_packs_are_refused() {
     assert_eq!(names.len(), 2, "{names:?}");
     let bytes = std::fs::read(&p).unwrap();
     let refused = |b: &[u8], needle: &str| {
-        let e = pack::parse_bytes(b).unwrap_err().to_string();
+        let e = packed_file::parse_bytes(b).unwrap_err().to_string();
         assert!(e.contains(needle), "{needle:?} not in {e:?}");
     };
     refused(&bytes[..bytes.len() - 1], "truncated");

@@ -7,7 +7,8 @@ mod common;
 
 use std::collections::HashMap;
 
-use ringtrain::data::transform::{random_resized_crop_box, CropBox, Transform};
+use ringtrain::data::augment::transform::{random_resized_crop_box, Transform};
+use ringtrain::data::pixels::CropBox;
 use ringtrain::model::{Model, ModelKind, ModelOptions};
 use tch::{Device, Kind, Tensor};
 

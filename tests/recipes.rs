@@ -40,7 +40,7 @@ fn every_recipe_parses_and_validates() {
         flags.insert("out".into(), toml::Value::String(out.to_string_lossy().into()));
         let mut cfg = ringtrain::config::resolve(Some(ringtrain::config::read_toml(&p).unwrap()), flags)
             .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        cfg.amp = ringtrain::train::amp::AmpMode::Off; // fp16 needs a CUDA device, which a CI machine lacks
+        cfg.amp = ringtrain::train::step::amp::AmpMode::Off; // fp16 needs a CUDA device, which a CI machine lacks
         cfg.preflight().unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         let text = std::fs::read_to_string(&p).unwrap();
         assert!(text.starts_with('#'), "{}: starts with its comment block", p.display());

@@ -362,7 +362,7 @@ fn a_resumed_run_keeps_its_validation_split_when_images_are_added() {
 /// The validation images `train --val-split RATIO --seed SEED` draws from `data` now.
 fn val_names(data: &Path, ratio: f64, seed: u64) -> Vec<PathBuf> {
     let set = ringtrain::data::source::Dataset::open(data, "--data").unwrap();
-    let (_, val) = ringtrain::data::split::stratified(&set, ratio, seed);
+    let (_, val) = ringtrain::data::tools::split::stratified(&set, ratio, seed);
     let mut v: Vec<PathBuf> = (0..val.len()).map(|i| val.name(i).to_owned()).collect();
     v.sort();
     v

@@ -10,7 +10,7 @@ use common::{
     argv, eval_batches, expect_user_error, ringtrain, run_python_code, sample_sha256, sorted_epochs,
     train_samples,
 };
-use ringtrain::data::shards::expand;
+use ringtrain::data::source::common::expand;
 use ringtrain::data::source::{DataSpec, Dataset};
 
 /// Writes `dir/train-00000{0..3}.tar` with webdataset's ShardWriter (5 samples each: the first

@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use ringtrain::data::folder::ImageFolder;
+use ringtrain::data::source::folder::ImageFolder;
 use ringtrain::model::weights;
 use ringtrain::model::{Model, ModelKind, ModelOptions};
 use tch::{Device, Tensor};
@@ -253,7 +253,7 @@ fn pixel_stats_equal_numpy_over_the_same_files() {
     }
     let reference: serde_json::Value =
         serde_json::from_str(&common::run_python(&["pixel_stats", d.path().to_str().unwrap()])).unwrap();
-    let ours = ringtrain::data::stats::pixel_stats(&ringtrain::data::source::Dataset::open(d.path(), "--data").unwrap()).unwrap();
+    let ours = ringtrain::data::tools::stats::pixel_stats(&ringtrain::data::source::Dataset::open(d.path(), "--data").unwrap()).unwrap();
     assert_eq!(ours.pixels, reference["pixels"].as_u64().unwrap());
     for c in 0..3 {
         assert!(
@@ -299,7 +299,7 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
     args.extend(files.iter().map(|p| p.to_str().unwrap().to_string()));
     common::run_python(&args.iter().map(|s| s.as_str()).collect::<Vec<_>>());
     let pil: HashMap<String, Tensor> = Tensor::read_safetensors(&out).unwrap().into_iter().collect();
-    let transform = ringtrain::data::transform::Transform::Eval { size, resize };
+    let transform = ringtrain::data::augment::transform::Transform::Eval { size, resize };
     let (mut worst_decode_jpeg, mut mean_decode_jpeg, mut jpegs) = (0.0f64, 0.0f64, 0);
     let (mut worst_resize, mut mean_resize) = (0.0f64, 0.0f64);
     for (i, f) in files.iter().enumerate() {

@@ -5,7 +5,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use ringtrain::model::Model;
-use ringtrain::train::checkpoint::{parse_state, read_tensors};
+use ringtrain::train::lifecycle::checkpoint::{parse_state, read_tensors};
 
 fuzz_target!(|data: &[u8]| {
     let dir = std::path::Path::new("fuzz-checkpoint");

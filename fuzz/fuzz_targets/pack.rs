@@ -2,7 +2,7 @@
 //! read as the loader reads it (raw pixels viewed, encoded bytes decoded). Errors, never panics.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use ringtrain::data::pack::{Contents, Pack};
+use ringtrain::data::source::pack::{Contents, Pack};
 
 fuzz_target!(|data: &[u8]| {
     let file = std::env::temp_dir().join(format!("ringtrain-fuzz-{}.pack", std::process::id()));

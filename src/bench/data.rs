@@ -11,11 +11,12 @@ use tch::{Device, Kind};
 
 use super::{amp_name, device_name, run_reference, TrainStep};
 use crate::bail_user;
-use crate::data::cache::{self, CacheMode, CachePlan};
-use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::load::cache::{self, CacheMode, CachePlan};
+use crate::data::load::loader::{Loader, LoaderOptions};
 use crate::data::source::{DataSpec, Dataset};
-use crate::data::transform::Transform;
-use crate::data::{Normalizer, IMAGENET_MEAN, IMAGENET_STD};
+use crate::data::augment::transform::Transform;
+use crate::data::load::normalize::Normalizer;
+use crate::data::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::device::synchronize as sync;
 use crate::say;
 
@@ -131,7 +132,7 @@ pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<
     }
     let folder = match o.data.path.is_file() {
         true => {
-            let root = crate::data::pack::Pack::folder_of(&o.data.path, "--data")?;
+            let root = crate::data::source::pack::Pack::folder_of(&o.data.path, "--data")?;
             if !root.is_dir() {
                 bail_user!(
                     "--vs-pytorch reads the pack's folder, {}, which is not there",

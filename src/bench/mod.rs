@@ -21,10 +21,10 @@ use crate::config::{SchedKind, TrainConfig};
 use crate::dist::process_group::ProcessGroup;
 use crate::model::ModelKind;
 use crate::shim;
-use crate::train::amp::AmpMode;
-use crate::train::meter::EpochMeter;
-use crate::train::state::RunState;
-use crate::train::trainer::{DdpOptions, MicroPos, Trainer};
+use crate::train::step::amp::AmpMode;
+use crate::train::step::meter::EpochMeter;
+use crate::train::step::state::RunState;
+use crate::train::step::trainer::{DdpOptions, MicroPos, Trainer};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {

@@ -7,15 +7,15 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::config::{Metric, OptimizerKind, SchedKind};
-use crate::data::cache::CacheMode;
-use crate::data::erasing::EraseMode;
+use crate::data::load::cache::CacheMode;
+use crate::data::augment::erasing::EraseMode;
 use crate::device::DeviceSpec;
 use crate::dist::ddp::{WirePrecision, DEFAULT_BUCKET_MB};
 use crate::dist::process_group::Backend;
 use crate::dist::plan::DistOptions;
 use crate::model::weights::WeightsSource;
 use crate::model::ModelKind;
-use crate::train::amp::AmpMode;
+use crate::train::step::amp::AmpMode;
 
 #[derive(Parser)]
 #[command(
@@ -220,7 +220,7 @@ impl SourceArgs {
         crate::data::source::DataSpec {
             path: self.data.clone(),
             labels: self.labels.clone(),
-            columns: crate::data::labels::Columns {
+            columns: crate::data::source::Columns {
                 image: self.image_column.clone(),
                 label: self.label_column.clone(),
             },
@@ -239,7 +239,7 @@ pub struct PackArgs {
     /// raw: decoded RGB8 pixels, nothing to decode while training; encoded: the files' own
     /// bytes (lossless, compact).
     #[arg(long, value_enum, default_value = "raw")]
-    pub store: crate::data::pack::Store,
+    pub store: crate::data::source::pack::Store,
     /// With --store raw: resize images whose shorter side is longer than this to it (aspect
     /// kept, antialiased bilinear) [default: none: as decoded].
     #[arg(long)]

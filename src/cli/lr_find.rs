@@ -10,7 +10,7 @@ use crate::dist::plan::{self, DistOptions, Plan};
 use crate::error::user_error;
 use crate::report::page::shell_word;
 use crate::train::lr_find::{self, Stop, DIVERGED};
-use crate::train::schedule::ExpRamp;
+use crate::train::step::schedule::ExpRamp;
 use crate::{bail_user, say};
 
 /// Where lr_find.csv and lr_find.png go without --out.

@@ -11,7 +11,7 @@ use anyhow::Result;
 
 use crate::bench::reference;
 use crate::config::{self, TrainConfig};
-use crate::data::demo;
+use crate::data::tools::demo;
 use crate::data::source::Dataset;
 use crate::dist::launcher;
 use crate::dist::plan::{self, Plan};
@@ -84,7 +84,7 @@ fn train(args: &TrainArgs) -> Result<()> {
     let cfg = train_config(args)?;
     let dist = match plan::plan(&(&args.dist).into(), cfg.device, cfg.sync_bn)? {
         Plan::Launch(spec) => {
-            crate::train::run_lock::RunLock::check_free(&cfg.out)?;
+            crate::train::lifecycle::run_lock::RunLock::check_free(&cfg.out)?;
             cfg.preflight()?; // reject bad input once, before starting any worker
             let argv: Vec<String> = std::env::args().skip(1).collect();
             let code = launcher::launch(&spec, &argv)?;
@@ -420,7 +420,7 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
 }
 
 fn split(a: &SplitArgs) -> Result<()> {
-    let counts = crate::data::split::split(&a.data, &a.out, a.val_ratio, a.seed, a.link)?;
+    let counts = crate::data::tools::split::split(&a.data, &a.out, a.val_ratio, a.seed, a.link)?;
     for (class, train, val) in &counts.per_class {
         say!("{class:<28} train {train:>6}  val {val:>6}");
     }
@@ -430,7 +430,8 @@ fn split(a: &SplitArgs) -> Result<()> {
 }
 
 fn pack(a: &PackArgs) -> Result<()> {
-    use crate::data::pack::{self, PackOptions, Store};
+    use crate::data::source::pack::Store;
+    use crate::data::tools::pack::{self, PackOptions};
     let started = std::time::Instant::now();
     let o = PackOptions {
         store: a.store,
@@ -546,7 +547,7 @@ fn thousands(n: i64) -> String {
 }
 
 fn stats(a: &StatsArgs) -> Result<()> {
-    let s = crate::data::stats::pixel_stats(&Dataset::open(a.source.spec(), "--data")?)?;
+    let s = crate::data::tools::stats::pixel_stats(&Dataset::open(a.source.spec(), "--data")?)?;
     for (p, e) in &s.unreadable {
         warn_unreadable(p, e);
     }

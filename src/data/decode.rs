@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use image::RgbImage;
 use jpeg_decoder::PixelFormat;
 
-use super::transform::CropBox;
+use super::pixels::CropBox;
 
 /// Images with more pixels than this are refused before decoding: a small file can claim
 /// 20000×20000 pixels (1.2 GB as RGB) and exhaust memory. The value is PIL's: it raises
@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn jpeg_shrunk_while_decoding_matches_the_full_decode_and_resize() {
         use crate::seeds::sample as sample_rng;
-        use crate::data::transform::Transform;
+        use crate::data::augment::transform::Transform;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("big.jpg");
         big_jpeg(&p);

@@ -3,7 +3,7 @@
 //! line is `ok` or `warning`, and a warning says how to fix it. Nothing here creates a CUDA
 //! context, joins a job or writes a file.
 mod cuda;
-mod system;
+pub mod system;
 
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::Path;

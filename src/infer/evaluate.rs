@@ -9,17 +9,17 @@ use tch::Device;
 
 use crate::bail_user;
 use crate::data::source::{DataSpec, Dataset, SourceKind};
-use crate::data::loader::{Loader, LoaderOptions, Shard};
-use crate::data::transform::Transform;
-use crate::data::Normalizer;
+use crate::data::load::loader::{Loader, LoaderOptions, Shard};
+use crate::data::augment::transform::Transform;
+use crate::data::load::normalize::Normalizer;
 use crate::dist::env as dist_env;
 use crate::dist::process_group::{Backend, ProcessGroup};
 use crate::report::classification::ClassificationReport;
 use crate::error::user_error;
 use crate::report::page::command_line;
 use crate::report::{write_evaluation, PageContext};
-use crate::train::checkpoint;
-use crate::train::eval::EvalResult;
+use crate::train::lifecycle::checkpoint;
+use crate::train::step::eval::EvalResult;
 
 pub struct EvaluateOptions {
     /// A checkpoint directory (e.g. runs/x/best).
@@ -62,7 +62,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
     let (model, state) = checkpoint::load(&o.checkpoint, device)?;
     let data = Dataset::open(o.data.clone(), "--data")?;
     // A folder or a pack has all of its classes; a label file or shards may lack some.
-    if matches!(data.kind, SourceKind::Folder | SourceKind::Pack) && data.classes != state.classes {
+    if matches!(data.kind, SourceKind::Folder | SourceKind::Pack { .. }) && data.classes != state.classes {
         bail_user!(
             "--data {} has classes {:?}, the checkpoint was trained on {:?}",
             o.data.path.display(),
@@ -88,7 +88,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
             ..LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize)
         },
     )?;
-    let result = crate::train::eval::evaluate(&model, &loader, &normalize, &pg)?;
+    let result = crate::train::step::eval::evaluate(&model, &loader, &normalize, &pg)?;
     let out = o.out.clone().unwrap_or_else(|| default_out(&o.checkpoint));
     let page = o.report.as_ref().unwrap_or(&out).join("report.html");
     let report = match is_main {

@@ -7,12 +7,12 @@ use tch::{Device, Kind};
 
 use crate::atomic;
 use crate::bail_user;
-use crate::data::folder::{is_image_file, walk_images};
-use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::source::common::{is_image_file, walk_images};
+use crate::data::load::loader::{Loader, LoaderOptions};
 use crate::data::source::{Dataset, Samples};
-use crate::data::transform::Transform;
-use crate::data::Normalizer;
-use crate::train::checkpoint;
+use crate::data::augment::transform::Transform;
+use crate::data::load::normalize::Normalizer;
+use crate::train::lifecycle::checkpoint;
 
 /// The images to predict, with their true class where the input was an ImageFolder tree whose
 /// sub-directories are the checkpoint's classes.
@@ -86,7 +86,7 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
 
 /// A pack, tar shards or parquet files: read as a data set, not as image files.
 fn is_set(path: &Path) -> bool {
-    (path.is_file() && crate::data::pack::is_pack(path)) || crate::data::source::is_sharded(path)
+    (path.is_file() && crate::data::source::pack::is_pack(path)) || crate::data::source::is_sharded(path)
 }
 
 /// A pack's, tar shards' or parquet files' images as inputs, labelled by class name where the

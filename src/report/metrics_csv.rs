@@ -9,25 +9,25 @@ use crate::atomic;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochRow {
     pub epoch: usize,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub train_loss: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub train_top1: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub val_loss: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub val_top1: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub val_top5: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub lr: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub seconds: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub images_per_s: f64,
     /// Optimizer steps skipped by the fp16 GradScaler (inf/NaN gradients).
     pub skipped_steps: usize,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub val_macro_f1: f64,
     /// Validation top-1 of the weights' moving average (`--ema`).
     pub ema_val_top1: Option<f64>,

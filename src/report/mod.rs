@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::atomic;
 use crate::data::source::Samples;
-use crate::train::eval::EvalResult;
+use crate::train::step::eval::EvalResult;
 use classification::ClassificationReport;
 pub use page::PageContext;
 

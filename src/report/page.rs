@@ -14,7 +14,7 @@ use crate::report::metrics_csv::EpochRow;
 use crate::report::plots;
 use crate::report::thumbnails::{data_uri, jpeg_data_uri, thumbnails};
 use crate::report::worst::{Counts, Entry, Worst};
-use crate::train::eval::EvalResult;
+use crate::train::step::eval::EvalResult;
 
 /// Side of the thumbnails, in pixels.
 const THUMB: u32 = 128;

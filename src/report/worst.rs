@@ -3,7 +3,7 @@
 //! examples (fastai's `plot_top_losses` and `most_confused`). A high loss on a confident
 //! prediction is where a wrong label usually shows.
 use crate::report::classification::most_confused;
-use crate::train::eval::EvalResult;
+use crate::train::step::eval::EvalResult;
 
 /// One evaluated image.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -4,7 +4,7 @@ use std::rc::Rc;
 
 use anyhow::Result;
 
-use super::trainer::DdpOptions;
+use super::step::trainer::DdpOptions;
 use crate::config::TrainConfig;
 use crate::dist::process_group::ProcessGroup;
 use crate::dist::watchdog::Watchdog;

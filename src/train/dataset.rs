@@ -9,21 +9,22 @@ use anyhow::Result;
 use tch::Tensor;
 
 use super::context::RankContext;
-use super::data_record::DataRecord;
-use super::eval::{evaluate, EvalResult};
-use super::trainer::{MicroPos, Trainer};
+use super::lifecycle::data_record::DataRecord;
+use super::step::eval::{evaluate, EvalResult};
+use super::step::trainer::{MicroPos, Trainer};
 use crate::config::TrainConfig;
-use crate::data::cache::{default_budget, CachePlan};
-use crate::data::erasing::RandomErasing;
-use crate::data::loader::{Batch, Loader, LoaderOptions, Shard};
+use crate::data::load::cache::{default_budget, CachePlan};
+use crate::data::augment::erasing::RandomErasing;
+use crate::data::load::loader::{Loader, LoaderOptions, Shard};
+use crate::data::load::sample::Batch;
 use crate::data::source::{Dataset, Samples, SourceKind, Stored};
-use crate::data::transform::Transform;
-use crate::data::Normalizer;
+use crate::data::augment::transform::Transform;
+use crate::data::load::normalize::Normalizer;
 use crate::error::user_error;
 use crate::report::classification::ClassificationReport;
 use crate::report::progress::{warn, warn_unreadable};
 
-use super::state::Validation;
+use super::step::state::Validation;
 
 pub struct TrainData {
     pub classes: Vec<String>,
@@ -49,7 +50,7 @@ pub struct TrainBatch {
 }
 
 impl TrainData {
-    /// The run's data; a resumed run's as `recorded` when it started (`data_record.rs`).
+    /// The run's data; a resumed run's as `recorded` when it started (`lifecycle/data_record.rs`).
     pub fn load(cfg: &TrainConfig, ctx: &RankContext, recorded: Option<&DataRecord>) -> Result<Self> {
         let data_dir = cfg.data.as_ref().expect("checked by preflight");
         let train_set = Dataset::open(cfg.data_spec(), "--data")?;
@@ -73,7 +74,7 @@ impl TrainData {
                 (train_set.samples.clone(), val_set.samples)
             }
             None => {
-                let (t, v) = crate::data::split::stratified_indices(&train_set, cfg.val_split, cfg.seed);
+                let (t, v) = crate::data::tools::split::stratified_indices(&train_set, cfg.val_split, cfg.seed);
                 match recorded {
                     Some(r) => r.split(&train_set.samples, &[t, v].concat()),
                     None => (train_set.samples.select(&t), train_set.samples.select(&v)),
@@ -84,10 +85,10 @@ impl TrainData {
             warn_unlabelled(&train_set, &val_samples, cfg);
         }
         if let (Some(r), true) = (recorded, ctx.is_main()) {
-            super::data_record::check(r, &train_samples, &val_samples, split, cfg.strict)?;
+            super::lifecycle::data_record::check(r, &train_samples, &val_samples, split, cfg.strict)?;
         }
         if train_samples.shard_files().is_some() {
-            let held = crate::data::shards::shard_count(train_samples.len(), |i| train_samples.shard_of(i).unwrap_or(0));
+            let held = crate::data::load::order::shard_count(train_samples.len(), |i| train_samples.shard_of(i).unwrap_or(0));
             let unit = if matches!(train_set.kind, SourceKind::Parquet { .. }) { "row group(s)" } else { "shard(s)" };
             if held < ctx.world() {
                 return Err(user_error(format!(
@@ -123,7 +124,7 @@ impl TrainData {
             .map_or_else(|| default_budget(ctx.local_world), |gb| (gb * 1e9) as u64);
         let cache = match cfg.data_on_device {
             true => CachePlan::off("the set is on the device"),
-            false => crate::data::cache::plan(cfg.cache, &[&train_samples, &val_samples], budget),
+            false => crate::data::load::cache::plan(cfg.cache, &[&train_samples, &val_samples], budget),
         };
         let base = LoaderOptions {
             seed: cfg.seed,
@@ -328,7 +329,10 @@ fn warn_unlabelled(train: &Dataset, val: &Samples, cfg: &TrainConfig) {
 /// the same shards; a folder with a label file is the same only with the same file.
 fn same_images(a: &Dataset, b: &Dataset) -> bool {
     let place = |d: &Dataset| {
-        let root = d.samples.pack().map_or(d.root.clone(), |p| p.index.root.clone());
+        let root = match &d.kind {
+            SourceKind::Pack { folder, .. } => folder.clone(),
+            _ => d.root.clone(),
+        };
         let labels = match &d.kind {
             SourceKind::Labelled { file, .. } => Some(std::fs::canonicalize(file).unwrap_or(file.clone())),
             _ => None,
@@ -340,19 +344,16 @@ fn same_images(a: &Dataset, b: &Dataset) -> bool {
 
 /// "the folder X", "the raw pack X (N MB)", "N tar shards X", for the banner.
 fn describe_source(set: &Dataset) -> String {
-    match (&set.kind, set.samples.pack()) {
-        (_, Some(p)) => format!(
+    match &set.kind {
+        SourceKind::Pack { raw, data_bytes, .. } => format!(
             "images from the {} pack {} ({:.0} MB)",
-            match p.index.store {
-                crate::data::pack::Store::Raw => "raw",
-                crate::data::pack::Store::Encoded => "encoded",
-            },
+            if *raw { "raw" } else { "encoded" },
             set.root.display(),
-            p.data_bytes() as f64 / 1e6
+            *data_bytes as f64 / 1e6
         ),
-        (SourceKind::Labelled { file, .. }, _) => format!("images from the folder {} labelled by {}", set.root.display(), file.display()),
-        (SourceKind::Shards(n), _) => format!("images from {n} tar shard(s) {}", set.root.display()),
-        (SourceKind::Parquet { files, row_groups }, _) => format!(
+        SourceKind::Labelled { file, .. } => format!("images from the folder {} labelled by {}", set.root.display(), file.display()),
+        SourceKind::Shards(n) => format!("images from {n} tar shard(s) {}", set.root.display()),
+        SourceKind::Parquet { files, row_groups } => format!(
             "images from {files} parquet file(s) {} ({row_groups} row groups: its shards)",
             set.root.display()
         ),

@@ -7,10 +7,10 @@ use anyhow::Result;
 
 use super::context::RankContext;
 use super::dataset::TrainData;
-use super::meter::EpochMeter;
-use super::schedule::{ExpRamp, LrSchedule};
-use super::state::RunState;
-use super::trainer::Trainer;
+use super::step::meter::EpochMeter;
+use super::step::schedule::{ExpRamp, LrSchedule};
+use super::step::state::RunState;
+use super::step::trainer::Trainer;
 use crate::config::TrainConfig;
 use crate::say;
 

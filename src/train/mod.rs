@@ -1,25 +1,11 @@
 //! The training run, top to bottom: data → model → optimizer → epochs of (train, validate,
 //! checkpoint, metrics) → the best epoch's classification report.
-pub mod amp;
-pub mod checkpoint;
 pub mod context;
-pub mod data_record;
 pub mod dataset;
-pub mod divergence;
-pub mod ema;
-pub mod eval;
+pub mod lifecycle;
 pub mod lr_find;
-pub mod meter;
-pub mod optim;
 pub mod reporter;
-pub mod resume;
-pub mod run_dir;
-pub mod run_lock;
-pub mod schedule;
-pub mod signals;
-pub mod state;
-pub mod step_graph;
-pub mod trainer;
+pub mod step;
 
 use anyhow::Result;
 
@@ -27,15 +13,15 @@ use crate::config::TrainConfig;
 use crate::dist::DistSetup;
 use crate::report::classification::ClassificationReport;
 use context::RankContext;
-use data_record::{DataRecord, Recording};
 use dataset::TrainData;
-use meter::EpochMeter;
+use lifecycle::data_record::{DataRecord, Recording};
+use lifecycle::resume::Resume;
+use lifecycle::run_dir::RunDir;
+use lifecycle::run_lock::RunLock;
+use lifecycle::signals::StopRequest;
 use reporter::Reporter;
-use resume::Resume;
-use run_dir::RunDir;
-use run_lock::RunLock;
-use signals::StopRequest;
-use trainer::Trainer;
+use step::meter::EpochMeter;
+use step::trainer::Trainer;
 
 pub struct RunSummary {
     pub best_epoch: usize,

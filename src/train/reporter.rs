@@ -6,10 +6,10 @@ use anyhow::Result;
 
 use super::context::RankContext;
 use super::dataset::TrainData;
-use super::meter::{EpochMeter, EpochTotals};
-use super::run_dir::RunDir;
-use super::state::{RunState, Validation};
-use super::trainer::Trainer;
+use super::step::meter::{EpochMeter, EpochTotals};
+use super::lifecycle::run_dir::RunDir;
+use super::step::state::{RunState, Validation};
+use super::step::trainer::Trainer;
 use super::RunSummary;
 use crate::config::TrainConfig;
 use crate::data::source::Samples;

@@ -96,9 +96,9 @@ pub fn ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
 /// Every batch of an in-order pass over `spec` at 48 px (the evaluation transform): (pixels,
 /// labels). Two sources of the same images in the same order give the same batches.
 pub fn eval_batches(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<(Vec<u8>, Vec<i64>)> {
-    use ringtrain::data::loader::{Loader, LoaderOptions};
+    use ringtrain::data::load::loader::{Loader, LoaderOptions};
     let set = ringtrain::data::source::Dataset::open(spec, "--data").unwrap();
-    let t = ringtrain::data::transform::Transform::Eval { size: 48, resize: 56 };
+    let t = ringtrain::data::augment::transform::Transform::Eval { size: 48, resize: 56 };
     let l = Loader::new(set.samples, t, LoaderOptions::in_order(5, 2)).unwrap();
     l.epoch(0)
         .map(|b| {
@@ -112,9 +112,9 @@ pub fn eval_batches(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<(
 /// them (seed 5, RandomResizedCrop 40 + flip): (pixels, label) each. A source listing the same
 /// images in the same order gives the same sequence; a sharded one, the same multiset per epoch.
 pub fn train_samples(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<Vec<(Vec<u8>, i64)>> {
-    use ringtrain::data::loader::{Loader, LoaderOptions};
+    use ringtrain::data::load::loader::{Loader, LoaderOptions};
     let set = ringtrain::data::source::Dataset::open(spec, "--data").unwrap();
-    let t = ringtrain::data::transform::Transform::Train {
+    let t = ringtrain::data::augment::transform::Transform::Train {
         size: 40,
         scale: (0.08, 1.0),
         ratio: (0.75, 4.0 / 3.0),
@@ -198,7 +198,7 @@ impl Shapes {
         for (c, name) in classes.iter().enumerate() {
             std::fs::create_dir_all(root.join(name)).unwrap();
             for i in 0..per_class {
-                ringtrain::data::demo::render(c, self.size, self.seed, self.first + i as u64)
+                ringtrain::data::tools::demo::render(c, self.size, self.seed, self.first + i as u64)
                     .save(root.join(name).join(format!("{i}.png")))
                     .unwrap();
             }

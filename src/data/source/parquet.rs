@@ -7,8 +7,9 @@
 //! Images live in row groups, compressed together, so one cannot be read alone: a row group is
 //! decoded whole when one of its images is wanted and kept while its neighbours are read (a
 //! small cache with a memory budget). Training reads row groups as tar shards are read
-//! (`shards::stream_order`: each rank its own, front to back through the shuffle buffer), so
+//! (`load/order.rs`: each rank its own, front to back through the shuffle buffer), so
 //! each is decoded about once an epoch; validation reads them in order.
+use std::borrow::Cow;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -22,8 +23,8 @@ use parquet::file::serialized_reader::SerializedFileReader;
 use rayon::prelude::*;
 
 use super::catalog::Catalog;
-use super::labels::Columns;
-use super::shards::{class_index, class_list, file_times, files_in_flat_dir};
+use super::common::{class_index, class_list, common_parent, expand, file_times, files_in_flat_dir};
+use super::interface::{Columns, Opened, Source, SourceKind, Stored};
 use crate::bail_user;
 use crate::report::progress::warn;
 
@@ -44,16 +45,6 @@ pub struct Parquet {
     /// Per sample, in catalog order: (its row group in `groups`, its row in it).
     rows: Vec<(u32, u32)>,
     cache: GroupCache,
-}
-
-/// Whether `--data` names parquet files: a `.parquet` file or pattern (`*` and braces), or a
-/// directory holding `.parquet` files and no sub-folders.
-pub fn is_parquet(path: &Path) -> bool {
-    let s = path.to_string_lossy();
-    if s.ends_with(".parquet") {
-        return true;
-    }
-    path.is_dir() && files_in_flat_dir(path, ".parquet").is_ok_and(|v| !v.is_empty())
 }
 
 /// The files `spec` names: a directory's `.parquet` files (refused when they are several
@@ -78,7 +69,7 @@ fn files_of(spec: &Path, what: &str) -> Result<Vec<PathBuf>> {
         bail_user!("{what} {} is not UTF-8", spec.display());
     };
     let mut files = Vec::new();
-    for p in super::shards::expand(pattern, what)? {
+    for p in expand(pattern, what)? {
         let p = p.to_string_lossy().into_owned();
         if !p.contains(['*', '?', '[']) {
             files.push(PathBuf::from(p));
@@ -214,7 +205,7 @@ impl Parquet {
     /// Opens the parquet files `spec` names and lists their labelled rows; rows whose label is
     /// null or negative (the hub's unlabelled test splits write -1) are left out with one warning
     /// (an error when `strict`). `what` names the flag.
-    pub fn open(spec: &Path, columns: &Columns, strict: bool, what: &str) -> Result<(Vec<String>, Catalog, Parquet)> {
+    pub fn open(spec: &Path, columns: &Columns, strict: bool, what: &str) -> Result<Opened> {
         let paths = files_of(spec, what)?;
         if paths.is_empty() {
             bail_user!("{what} {}: no .parquet files there", spec.display());
@@ -222,7 +213,7 @@ impl Parquet {
         let mtimes = file_times(&paths, what)?;
         let scans: Vec<FileScan> = paths.par_iter().map(|p| scan_file(p, columns)).collect::<Result<_>>()?;
         // Class names from the metadata, in their order; else the classes the labels' text
-        // makes, as tar shards' labels make them (`shards::class_list`).
+        // makes, as tar shards' labels make them (`common::class_list`).
         let names = scans.iter().find_map(|s| s.names.clone());
         let text = |l: &Label| match l {
             Label::Number(n) if *n < 0 => None,
@@ -241,7 +232,7 @@ impl Parquet {
             (Label::Name(s), Some(_)) => classes.iter().position(|c| c == s),
             (l, None) => text(l).and_then(|t| class_index(&classes, numbered, &t)),
         };
-        let root = super::shards::common_parent(&paths);
+        let root = common_parent(&paths);
         let (mut catalog, mut groups, mut rows) = (Catalog::default(), Vec::new(), Vec::new());
         let (mut unlabelled, mut out_of_range) = (0usize, None);
         for (f, (p, s)) in paths.iter().zip(&scans).enumerate() {
@@ -289,34 +280,11 @@ impl Parquet {
             rows,
             cache: GroupCache::default(),
         };
-        Ok((classes, catalog, set))
-    }
-
-    pub fn row_groups(&self) -> usize {
-        self.groups.len()
-    }
-
-    /// Sample `i`'s row group (its "shard" for `shards::stream_order`).
-    pub fn group_of(&self, i: usize) -> usize {
-        self.rows[i].0 as usize
-    }
-
-    /// Sample `i`'s image bytes, from its row group (decoded whole, then kept a while).
-    pub fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let (g, r) = self.rows[i];
-        let images = self.cache.get(g, || self.load_group(g))?;
-        match &images.rows[r as usize] {
-            Some(b) => Ok(b.data().to_vec()),
-            None => anyhow::bail!("row {r} of its row group has no image bytes"),
-        }
-    }
-
-    /// What stands for sample `i`'s size and time in a run's data record and a pack's list of
-    /// sources: its row in its row group (its bytes are not known before the group is decoded)
-    /// and its file's modification time.
-    pub fn size_and_mtime(&self, i: usize) -> (u64, i64) {
-        let (g, r) = self.rows[i];
-        (r as u64, self.mtimes[self.groups[g as usize].0 as usize])
+        Ok(Opened {
+            classes,
+            catalog,
+            source: Arc::new(set),
+        })
     }
 
     fn load_group(&self, g: u32) -> Result<GroupImages> {
@@ -339,6 +307,46 @@ impl Parquet {
             .collect();
         let bytes = rows.iter().flatten().map(|b| b.len()).sum();
         Ok(GroupImages { rows, bytes })
+    }
+}
+
+impl Source for Parquet {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn describe(&self) -> SourceKind {
+        SourceKind::Parquet {
+            files: self.paths.len(),
+            row_groups: self.groups.len(),
+        }
+    }
+
+    /// The row's image bytes, from its row group (decoded whole, then kept a while).
+    fn read(&self, entry: usize, _name: &Path) -> Result<Stored<'_>> {
+        let (g, r) = self.rows[entry];
+        let images = self.cache.get(g, || self.load_group(g))?;
+        match &images.rows[r as usize] {
+            Some(b) => Ok(Stored::Encoded(Cow::Owned(b.data().to_vec()))),
+            None => anyhow::bail!("row {r} of its row group has no image bytes"),
+        }
+    }
+
+    /// What stands for a row's size and time in a run's data record and a pack's list of
+    /// sources: its row in its row group (its bytes are not known before the group is decoded)
+    /// and its file's modification time.
+    fn size_and_mtime(&self, entry: usize, _name: &Path) -> Result<(u64, i64)> {
+        let (g, r) = self.rows[entry];
+        Ok((r as u64, self.mtimes[self.groups[g as usize].0 as usize]))
+    }
+
+    /// The row's row group: its "shard" for the training order.
+    fn shard_of(&self, entry: usize) -> Option<usize> {
+        Some(self.rows[entry].0 as usize)
+    }
+
+    fn shard_files(&self) -> Option<(&[PathBuf], &Path)> {
+        Some((&self.paths, &self.root))
     }
 }
 

@@ -10,10 +10,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::checkpoint::{self, CheckpointState};
-use super::context::RankContext;
-use super::meter::EpochMeter;
-use super::state::{RunState, Validation};
-use super::trainer::Trainer;
+use crate::train::context::RankContext;
+use crate::train::step::meter::EpochMeter;
+use crate::train::step::state::{RunState, Validation};
+use crate::train::step::trainer::Trainer;
 use crate::atomic;
 use crate::config::TrainConfig;
 use crate::error::user_error;
@@ -96,7 +96,8 @@ impl RunDir {
         t.check_divergence(&self.last_good())?;
         let pos = meter.position(t.pg(), state.lr)?;
         if self.writes {
-            let st = state.checkpoint_state(
+            let st = CheckpointState::of_run(
+                state,
                 &self.cfg,
                 &self.classes,
                 epoch,
@@ -117,7 +118,7 @@ impl RunDir {
             return Ok(());
         }
         let (cfg, epoch) = (&self.cfg, state.history.last().expect("the epoch is recorded").epoch);
-        let st = state.checkpoint_state(cfg, &self.classes, epoch, None, t.scaler.as_ref(), self.world);
+        let st = CheckpointState::of_run(state, cfg, &self.classes, epoch, None, t.scaler.as_ref(), self.world);
         self.save(&self.path.join("last"), t, &st)?;
         if improved {
             self.save(&self.path.join("best"), t, &st)?;

@@ -3,17 +3,18 @@
 use anyhow::Result;
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::data::{loader::Loader, Normalizer};
+use crate::data::load::loader::Loader;
+use crate::data::load::normalize::Normalizer;
 use crate::dist::process_group::{ProcessGroup, ReduceOp};
 use crate::model::Model;
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct EvalResult {
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub loss: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub top1: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
     pub top5: f64,
     pub targets: Vec<i64>,
     pub preds: Vec<i64>,
@@ -26,9 +27,9 @@ pub struct EvalResult {
     /// checkpoints written before they were kept.)
     #[serde(default)]
     pub indices: Vec<usize>,
-    #[serde(default, deserialize_with = "crate::train::checkpoint::f32s_or_nan")]
+    #[serde(default, deserialize_with = "crate::serde_nan::f32s_or_nan")]
     pub losses: Vec<f32>,
-    #[serde(default, deserialize_with = "crate::train::checkpoint::f32s_or_nan")]
+    #[serde(default, deserialize_with = "crate::serde_nan::f32s_or_nan")]
     pub confidence: Vec<f32>,
 }
 

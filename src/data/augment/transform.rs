@@ -12,6 +12,7 @@ use image::RgbImage;
 use rand::Rng;
 
 use super::erasing::RandomErasing;
+use crate::data::pixels::{CropBox, RgbView};
 
 #[derive(Debug, Clone)]
 pub enum Transform {
@@ -36,46 +37,6 @@ pub enum Transform {
 pub struct Moves {
     pub shift: Option<(i64, i64)>,
     pub flip: bool,
-}
-
-/// Decoded RGB8 pixels, row-major HWC, borrowed: from a decoder's `RgbImage`, a RAM cache or a
-/// pack's memory map alike.
-#[derive(Debug, Clone, Copy)]
-pub struct RgbView<'a> {
-    pub width: u32,
-    pub height: u32,
-    pub px: &'a [u8],
-}
-
-impl<'a> From<&'a RgbImage> for RgbView<'a> {
-    fn from(img: &'a RgbImage) -> Self {
-        RgbView {
-            width: img.width(),
-            height: img.height(),
-            px: img.as_raw(),
-        }
-    }
-}
-
-/// A source box in pixel coordinates of the decoded image (may be fractional).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CropBox {
-    pub left: f64,
-    pub top: f64,
-    pub width: f64,
-    pub height: f64,
-}
-
-impl CropBox {
-    /// All of a w×h image.
-    pub fn whole(w: u32, h: u32) -> CropBox {
-        CropBox {
-            left: 0.0,
-            top: 0.0,
-            width: w as f64,
-            height: h as f64,
-        }
-    }
 }
 
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area and aspect ratio,

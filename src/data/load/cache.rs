@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use super::source::{Samples, Stored};
-use super::transform::RgbView;
+use crate::data::pixels::RgbView;
+use crate::data::source::{Samples, Stored};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -54,15 +54,8 @@ impl Budget {
 /// The default budget: half of the memory available when the run starts, shared equally by the
 /// node's ranks (each caches what it reads).
 pub fn default_budget(local_ranks: usize) -> u64 {
-    mem_available().unwrap_or(0) / 2 / local_ranks.max(1) as u64
-}
-
-/// MemAvailable from /proc/meminfo, in bytes.
-pub(crate) fn mem_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    let available = crate::doctor::system::memory().map_or(0, |m| m.1);
+    available / 2 / local_ranks.max(1) as u64
 }
 
 struct Pixels {

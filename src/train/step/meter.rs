@@ -6,8 +6,33 @@ use std::time::Instant;
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
-use super::checkpoint::EpochPosition;
+use serde::{Deserialize, Serialize};
+
 use crate::dist::process_group::{ProcessGroup, ReduceOp};
+
+/// How far an unfinished epoch went, so a resumed run takes exactly the remaining steps and
+/// reports the same epoch figures. Sums are over all ranks.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EpochPosition {
+    /// Optimizer steps done in the epoch.
+    pub steps: usize,
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
+    pub loss_sum: f64,
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
+    pub correct: f64,
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
+    pub seen: f64,
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
+    pub skipped_steps: f64,
+    pub unreadable: usize,
+    /// Training seconds spent in the epoch before the checkpoint.
+    #[serde(deserialize_with = "crate::serde_nan::f64_or_nan")]
+    pub seconds: f64,
+    /// The learning rate of the last step before the checkpoint: the epoch's row reports it
+    /// when no step is left (a stop at the epoch's last step). None in older checkpoints.
+    #[serde(default)]
+    pub lr: Option<f64>,
+}
 
 pub struct EpochMeter {
     loss_sum: Tensor,

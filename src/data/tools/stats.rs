@@ -4,8 +4,8 @@
 use anyhow::Result;
 use rayon::prelude::*;
 
-use super::decode::decode_bytes;
-use super::source::{Dataset, Stored};
+use crate::data::decode::decode_bytes;
+use crate::data::source::{Dataset, Stored};
 
 #[derive(Debug, Clone, Default)]
 pub struct PixelStats {

@@ -16,7 +16,10 @@ use crate::bail_user;
 use crate::config::TrainConfig;
 use crate::model::{Model, ModelKind, ModelOptions};
 use crate::report::metrics_csv::EpochRow;
-use crate::train::schedule::PlateauState;
+use crate::train::step::amp::GradScaler;
+use crate::train::step::meter::EpochPosition;
+use crate::train::step::schedule::PlateauState;
+use crate::train::step::state::RunState;
 
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -47,10 +50,10 @@ pub struct CheckpointState {
     pub best_metric: Option<f64>,
     /// The best epoch's validation predictions, for the final classification report.
     #[serde(default)]
-    pub best_eval: Option<crate::train::eval::EvalResult>,
+    pub best_eval: Option<crate::train::step::eval::EvalResult>,
     /// The fp16 GradScaler's state, when one is used.
     #[serde(default)]
-    pub scaler: Option<crate::train::amp::ScalerState>,
+    pub scaler: Option<crate::train::step::amp::ScalerState>,
     #[serde(default)]
     pub plateau: PlateauState,
     /// Every finished epoch's metrics (metrics.csv is rewritten from it).
@@ -66,42 +69,55 @@ fn one() -> usize {
     1
 }
 
-/// JSON has no NaN: serde_json writes a NaN (a diverged loss, say) as null, and this reads it
-/// back, so the checkpoint of a run that went wrong still loads.
-pub fn f64_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
-}
-
-/// `f64_or_nan` for a list of f32 (per-image losses); a missing list is empty.
-pub fn f32s_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
-    Ok(Vec::<Option<f32>>::deserialize(d)?.into_iter().map(|v| v.unwrap_or(f32::NAN)).collect())
-}
-
-/// How far an unfinished epoch went, so a resumed run takes exactly the remaining steps and
-/// reports the same epoch figures. Sums are over all ranks.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct EpochPosition {
-    /// Optimizer steps done in the epoch.
-    pub steps: usize,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
-    pub loss_sum: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
-    pub correct: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
-    pub seen: f64,
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
-    pub skipped_steps: f64,
-    pub unreadable: usize,
-    /// Training seconds spent in the epoch before the checkpoint.
-    #[serde(deserialize_with = "crate::train::checkpoint::f64_or_nan")]
-    pub seconds: f64,
-    /// The learning rate of the last step before the checkpoint: the epoch's row reports it
-    /// when no step is left (a stop at the epoch's last step). None in older checkpoints.
-    #[serde(default)]
-    pub lr: Option<f64>,
-}
-
 impl CheckpointState {
+    /// The checkpoint state after `epochs_done` epochs, plus `mid_epoch` when inside the next.
+    pub fn of_run(
+        state: &RunState,
+        cfg: &TrainConfig,
+        classes: &[String],
+        epochs_done: usize,
+        mid_epoch: Option<EpochPosition>,
+        scaler: Option<&GradScaler>,
+        world: usize,
+    ) -> Self {
+        CheckpointState {
+            ringtrain_version: env!("CARGO_PKG_VERSION").into(),
+            model: cfg.model,
+            classes: classes.to_vec(),
+            img_size: cfg.img_size,
+            eval_resize: cfg.eval_resize(),
+            mean: cfg.mean.clone(),
+            std: cfg.std.clone(),
+            epoch: epochs_done,
+            global_step: state.global_step,
+            mid_epoch,
+            val_top1: state.history.last().map(|r| r.val_top1),
+            best_val_top1: state.best_eval.as_ref().map(|e| e.top1),
+            best_epoch: state.best.map(|b| b.0),
+            best_metric: state.best.map(|b| b.1),
+            best_eval: state.best_eval.clone(),
+            scaler: scaler.map(|s| s.state()),
+            plateau: state.plateau.clone(),
+            history: state.history.clone(),
+            world_size: world,
+            config: cfg.clone(),
+        }
+    }
+
+    /// Where the run stood: the state to go on from.
+    pub fn run_state(&self) -> RunState {
+        RunState {
+            global_step: self.global_step,
+            plateau: self.plateau.clone(),
+            history: self.history.clone(),
+            best: self.best_epoch.zip(self.best_metric),
+            best_eval: self.best_eval.clone(),
+            lr: 0.0,
+            first_epoch: self.epoch,
+            mid_epoch: self.mid_epoch.clone(),
+        }
+    }
+
     pub fn mean3(&self) -> [f64; 3] {
         [self.mean[0], self.mean[1], self.mean[2]]
     }
@@ -244,11 +260,11 @@ mod tests {
         assert!(back.loss_sum.is_nan());
         assert_eq!((back.steps, back.correct), (3, 2.0));
         // An image's NaN loss likewise; an evaluation saved before per-image losses were kept loads.
-        let ev = crate::train::eval::EvalResult { losses: vec![0.5, f32::NAN], confidence: vec![0.9, f32::NAN], ..Default::default() };
-        let back: crate::train::eval::EvalResult = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();
+        let ev = crate::train::step::eval::EvalResult { losses: vec![0.5, f32::NAN], confidence: vec![0.9, f32::NAN], ..Default::default() };
+        let back: crate::train::step::eval::EvalResult = serde_json::from_str(&serde_json::to_string(&ev).unwrap()).unwrap();
         assert_eq!(back.losses[0], 0.5);
         assert!(back.losses[1].is_nan() && back.confidence[1].is_nan());
-        let old: crate::train::eval::EvalResult =
+        let old: crate::train::step::eval::EvalResult =
             serde_json::from_str(r#"{"loss":1.0,"top1":0.5,"top5":1.0,"targets":[0],"preds":[1],"skipped":[]}"#).unwrap();
         assert!(old.losses.is_empty() && old.indices.is_empty());
     }

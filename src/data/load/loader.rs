@@ -15,23 +15,13 @@ use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
 use super::cache::{Budget, Cache};
-use super::decode::decode_bytes_for;
+use super::normalize::{HostNormalize, Normalizer};
 use super::on_device::{DeviceSet, DeviceSetOptions};
-use super::source::{Samples, Stored};
-use super::transform::{RgbView, Transform};
-use super::{HostNormalize, Normalizer};
+use super::order::stream_order;
+use super::sample::{load_sample, Batch};
+use crate::data::augment::transform::Transform;
+use crate::data::source::Samples;
 use crate::seeds;
-
-/// One batch on the host: images u8 [B, H, W, 3] (or, normalised by the workers for a CPU device,
-/// f32 [B, 3, H, W]), labels i64 [B], and which samples they are.
-pub struct Batch {
-    pub images: Tensor,
-    pub labels: Tensor,
-    /// Sample indices of the images, in batch order.
-    pub indices: Vec<usize>,
-    /// Samples of this batch that could not be read (only with `skip_unreadable`): path, reason.
-    pub unreadable: Vec<(PathBuf, String)>,
-}
 
 pub struct Loader {
     samples: Arc<Samples>,
@@ -69,7 +59,7 @@ pub struct LoaderOptions {
     pub batch_size: usize,
     pub shuffle: bool,
     /// Tar shards are shuffled as WebDataset does: the shards' order, then a buffer of this many
-    /// samples over each rank's stream (`shards::stream_order`).
+    /// samples over each rank's stream (`order::stream_order`).
     pub shuffle_buffer: usize,
     pub drop_last: bool,
     pub seed: u64,
@@ -119,7 +109,7 @@ impl LoaderOptions {
 
     /// Batches as `normalize`'s device wants them: normalised by the workers for the CPU,
     /// uint8 in pinned memory for CUDA.
-    pub fn for_device(self, normalize: &crate::data::Normalizer) -> Self {
+    pub fn for_device(self, normalize: &Normalizer) -> Self {
         LoaderOptions {
             normalize: normalize.for_workers(),
             pin_memory: normalize.pin_memory(),
@@ -207,13 +197,13 @@ impl Loader {
 
     /// This rank's sample order for an epoch: a seeded permutation (or the folder order),
     /// then its shard. Tar shards are shuffled and split by shard instead, as WebDataset does
-    /// (`shards::stream_order`), to the same number of samples per rank.
+    /// (`order::stream_order`), to the same number of samples per rank.
     pub fn order(&self, epoch: u64) -> Vec<usize> {
         if self.shuffle && self.samples.shard_of(0).is_some() {
             let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));
             let shard_of = |i| self.samples.shard_of(i).expect("a sharded source");
             let (n, len) = (self.samples.len(), self.shard_len());
-            return super::shards::stream_order(n, shard_of, self.seed, epoch, (rank, world), self.shuffle_buffer, len);
+            return stream_order(n, shard_of, self.seed, epoch, (rank, world), self.shuffle_buffer, len);
         }
         let mut order: Vec<usize> = (0..self.samples.len()).collect();
         if self.shuffle {
@@ -431,40 +421,6 @@ impl BatchJob<'_> {
     }
 }
 
-/// Sample `i` transformed into `out` (size×size RGB8) with the randomness of (seed, epoch, i):
-/// from the RAM cache when it holds it, else read and decoded (a JPEG shrunk while decoding where
-/// the transform allows, unless `whole_jpeg` or caching), then kept in the cache if one is given.
-pub(crate) fn load_sample(
-    samples: &Samples,
-    i: usize,
-    t: &Transform,
-    (seed, epoch): (u64, u64),
-    whole_jpeg: bool,
-    cache: Option<&Cache>,
-    out: &mut [u8],
-) -> Result<()> {
-    let rng = &mut seeds::sample(seed, epoch, i as u64);
-    let stored = match cache.and_then(|c| c.get(i)) {
-        Some(img) => Stored::Raw(img),
-        None => samples.read(i)?,
-    };
-    let mut decoded = None; // the image decoded here, for the cache
-    let (img, bx) = match stored {
-        Stored::Raw(img) => (img, t.source_box(img.width, img.height, rng)),
-        Stored::Encoded(bytes) => {
-            let shrink_to = (!whole_jpeg && cache.is_none()).then_some(t.size());
-            let (img, bx) = decode_bytes_for(&bytes, &samples.path(i), shrink_to, |w, h| t.source_box(w, h, rng))?;
-            (RgbView::from(&*decoded.insert(img)), bx)
-        }
-    };
-    t.finish(img, bx, rng, out)
-        .with_context(|| format!("transforming {}", samples.path(i).display()))?;
-    if let (Some(c), Some(img)) = (cache, decoded) {
-        c.put(i, img.width(), img.height(), img.into_raw());
-    }
-    Ok(())
-}
-
 /// One epoch's batches, in order: built by the worker pool (behind a bounded queue), or on the
 /// device from the set there.
 pub enum EpochIter<'a> {
@@ -554,7 +510,7 @@ mod tests {
         assert_eq!(ea, eb);
         assert_ne!(ea, collect(&a, 1), "a new epoch must reshuffle and re-augment");
         // Normalised by the workers (a CPU device): the same f32 batches with 1 and 4 threads.
-        let host = crate::data::Normalizer::new([0.5; 3], [0.25; 3], Device::Cpu).for_workers();
+        let host = crate::data::load::normalize::Normalizer::new([0.5; 3], [0.25; 3], Device::Cpu).for_workers();
         let f32_batches = |workers| -> Vec<Tensor> {
             let l = Loader::new(
                 samples.clone(),

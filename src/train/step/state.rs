@@ -5,10 +5,8 @@ use crate::report::classification::ClassificationReport;
 use crate::report::metrics_csv::EpochRow;
 use crate::say;
 
-use super::amp::GradScaler;
-use super::checkpoint::{CheckpointState, EpochPosition};
 use super::eval::EvalResult;
-use super::meter::EpochTotals;
+use super::meter::{EpochPosition, EpochTotals};
 use super::schedule::{self, Plateau, PlateauState};
 
 #[derive(Default)]
@@ -24,7 +22,8 @@ pub struct RunState {
     pub lr: f64,
     /// The first epoch to train (0-based), and how far it went when resumed inside it.
     pub first_epoch: usize,
-    mid_epoch: Option<EpochPosition>,
+    /// Set from a checkpoint saved inside an epoch (`CheckpointState::run_state`).
+    pub(crate) mid_epoch: Option<EpochPosition>,
 }
 
 /// One epoch's validation: of the model and, with `--ema`, of the moving average.
@@ -36,19 +35,6 @@ pub struct Validation {
 }
 
 impl RunState {
-    pub fn from_checkpoint(st: &CheckpointState) -> Self {
-        RunState {
-            global_step: st.global_step,
-            plateau: st.plateau.clone(),
-            history: st.history.clone(),
-            best: st.best_epoch.zip(st.best_metric),
-            best_eval: st.best_eval.clone(),
-            lr: 0.0,
-            first_epoch: st.epoch,
-            mid_epoch: st.mid_epoch.clone(),
-        }
-    }
-
     /// Where the next epoch starts: at its beginning, or where the checkpoint left it. Sets the
     /// learning rate its row reports until a step replaces it: `next_lr`, the first step's,
     /// except in an epoch resumed after some of its steps, which keeps the last one's (a stop at
@@ -127,40 +113,6 @@ impl RunState {
             );
         }
         stop
-    }
-
-    /// The checkpoint state after `epochs_done` epochs, plus `mid_epoch` when inside the next.
-    pub fn checkpoint_state(
-        &self,
-        cfg: &TrainConfig,
-        classes: &[String],
-        epochs_done: usize,
-        mid_epoch: Option<EpochPosition>,
-        scaler: Option<&GradScaler>,
-        world: usize,
-    ) -> CheckpointState {
-        CheckpointState {
-            ringtrain_version: env!("CARGO_PKG_VERSION").into(),
-            model: cfg.model,
-            classes: classes.to_vec(),
-            img_size: cfg.img_size,
-            eval_resize: cfg.eval_resize(),
-            mean: cfg.mean.clone(),
-            std: cfg.std.clone(),
-            epoch: epochs_done,
-            global_step: self.global_step,
-            mid_epoch,
-            val_top1: self.history.last().map(|r| r.val_top1),
-            best_val_top1: self.best_eval.as_ref().map(|e| e.top1),
-            best_epoch: self.best.map(|b| b.0),
-            best_metric: self.best.map(|b| b.1),
-            best_eval: self.best_eval.clone(),
-            scaler: scaler.map(|s| s.state()),
-            plateau: self.plateau.clone(),
-            history: self.history.clone(),
-            world_size: world,
-            config: cfg.clone(),
-        }
     }
 }
 

@@ -6,35 +6,21 @@
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::catalog::Catalog;
-use super::folder::walk_sorted;
+use super::common::{walk_sorted, Files};
+use super::interface::{Columns, Opened, SourceKind};
 use crate::bail_user;
 use crate::report::progress::warn;
 
-/// Which columns (of a label file or a parquet table) or members (of a shard's sample) hold the
-/// image and the label. `None`: the source's own default.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Columns {
-    pub image: Option<String>,
-    pub label: Option<String>,
-}
-
-/// The labelled images: classes sorted, and a catalog of paths under the folder, in row order.
-pub struct LabelledFolder {
-    pub classes: Vec<String>,
-    pub catalog: Catalog,
-    /// Image files under the folder, labelled or not.
-    pub images: usize,
-}
-
-/// Reads `csv` and finds its images under `dir`. `flag` names the label file's flag for
+/// Reads `csv` and finds its images under `dir`: classes sorted, and a catalog of paths under
+/// the folder, in row order, read as loose files. `flag` names the label file's flag for
 /// messages. Rows whose image is not there are left out with a warning (an error when
 /// `strict`); a malformed file, an image labelled twice, an empty label or a name that fits
 /// several images is an error that names the line.
-pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str) -> Result<LabelledFolder> {
+pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str) -> Result<Opened> {
     if !dir.is_dir() {
         bail_user!("{flag} {}: its images' folder {} is not a directory", csv.display(), dir.display());
     }
@@ -139,10 +125,16 @@ pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str)
         .iter()
         .map(|(f, label)| (&files.names[*f as usize], classes.binary_search(label).expect("a label of a row")))
         .collect();
-    Ok(LabelledFolder {
+    // Image files under the folder, labelled or not.
+    let kind = SourceKind::Labelled {
+        file: csv.to_path_buf(),
+        images: files.names.len(),
+    };
+    let root = dir.to_path_buf();
+    Ok(Opened {
         classes,
         catalog,
-        images: files.names.len(),
+        source: Arc::new(Files { root, kind }),
     })
 }
 

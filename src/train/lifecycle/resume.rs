@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use super::checkpoint::{self, CheckpointState};
-use super::ema::Ema;
+use crate::train::step::ema::Ema;
 use super::run_dir::RunDir;
-use super::state::RunState;
-use super::trainer::Trainer;
-use super::RunSummary;
+use crate::train::step::state::RunState;
+use crate::train::step::trainer::Trainer;
+use crate::train::RunSummary;
 use crate::config::TrainConfig;
 use crate::error::user_error;
 use crate::say;
@@ -117,7 +117,7 @@ impl Resume {
             st.best_metric.unwrap_or(f64::NAN),
             st.best_epoch.unwrap_or(0)
         );
-        Ok(RunState::from_checkpoint(&st))
+        Ok(st.run_state())
     }
 }
 

@@ -3,18 +3,16 @@
 //! torchvision's `make_dataset` lists them. Class folders are walked in parallel, and an entry
 //! costs no `stat` unless it is a symlink (the directory listing says what it is): a training
 //! run on a million files reaches its first step in about a second (docs/BENCHMARKS.md).
-use std::ffi::OsString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use rayon::prelude::*;
 
 use super::catalog::Catalog;
+use super::common::{mtime_ns, stat_files, walk_sorted, Files, SourceDir, SourceFile, IMAGE_EXTENSIONS};
+use super::interface::{Opened, SourceKind};
 use crate::bail_user;
-
-/// Extensions accepted, compared case-insensitively: torchvision's `IMG_EXTENSIONS`.
-pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"];
 
 #[derive(Debug, Clone)]
 pub struct ImageFolder {
@@ -25,90 +23,6 @@ pub struct ImageFolder {
     /// Every directory walked, under `root` ("" is the root itself): a file added or removed
     /// changes its directory's modification time (`pack::check_fresh`).
     pub dirs: Vec<PathBuf>,
-}
-
-/// Whether a file name ends in one of the extensions, in any letter case, as torchvision's
-/// `has_file_allowed_extension` tests it (`name.lower().endswith(".jpg")`, so `.JPG` too).
-pub fn is_image_file(path: &Path) -> bool {
-    let name = path.file_name().map_or(&[][..], |n| n.as_bytes());
-    IMAGE_EXTENSIONS.iter().any(|x| {
-        name.len() > x.len() && name[name.len() - x.len() - 1] == b'.' && name[name.len() - x.len()..].eq_ignore_ascii_case(x.as_bytes())
-    })
-}
-
-/// Image files under `dir`, recursively, in torchvision's order (`walk_sorted`).
-pub fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    for rel in walk_sorted(dir)?.0 {
-        out.push(dir.join(rel));
-    }
-    Ok(())
-}
-
-/// The image files under `dir` (paths relative to it) as `make_dataset` lists them:
-/// `for root, _, files in sorted(os.walk(dir, followlinks=True)): for f in sorted(files)`. That
-/// is every directory in the order of its path as a string (so `a b/` comes before `a/x/`), and
-/// in each its files by name. Symlinks are followed, but a link back to a directory being walked
-/// is refused (it would recurse forever). Errors name the path. Returns the files and the
-/// directories walked.
-pub fn walk_sorted(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    let mut dirs = Vec::new();
-    walk(dir, PathBuf::new(), &mut dirs, &mut Vec::new())?;
-    dirs.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
-    let mut files = Vec::new();
-    for (rel, names) in &dirs {
-        files.extend(names.iter().map(|f| rel.join(f)));
-    }
-    Ok((files, dirs.into_iter().map(|d| d.0).collect()))
-}
-
-/// Adds (`rel`, its image files sorted) for `dir` = base/`rel` and every directory below it.
-fn walk(dir: &Path, rel: PathBuf, dirs: &mut Vec<(PathBuf, Vec<OsString>)>, ancestors: &mut Vec<PathBuf>) -> Result<()> {
-    let real = match std::fs::canonicalize(dir) {
-        Ok(r) => r,
-        Err(e) => bail_user!("cannot read directory {}: {e}", dir.display()),
-    };
-    if ancestors.contains(&real) {
-        bail_user!(
-            "symlink loop in the data tree: {} leads back to {}",
-            dir.display(),
-            real.display()
-        );
-    }
-    let listing = match std::fs::read_dir(dir).and_then(|r| r.collect::<std::io::Result<Vec<_>>>()) {
-        Ok(l) => l,
-        Err(e) => bail_user!("cannot read directory {}: {e}", dir.display()),
-    };
-    let (mut files, mut subdirs) = (Vec::new(), Vec::new());
-    for e in listing {
-        let name = e.file_name();
-        let is_dir = match e.file_type() {
-            Ok(t) if t.is_dir() => true,
-            Ok(t) if t.is_file() => false,
-            // A symlink (or a file system that does not say): what it points to decides. A
-            // dangling one with an image's name is listed, as torchvision lists it (reported
-            // when it cannot be read).
-            _ => match std::fs::metadata(e.path()) {
-                Ok(m) if m.is_dir() => true,
-                Ok(m) if !m.is_file() => continue,
-                Ok(_) => false,
-                Err(_) if std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.file_type().is_symlink()) => false,
-                Err(err) => bail_user!("cannot read {}: {err}", e.path().display()),
-            },
-        };
-        if is_dir {
-            subdirs.push(name);
-        } else if is_image_file(Path::new(&name)) {
-            files.push(name);
-        }
-    }
-    files.sort();
-    ancestors.push(real);
-    dirs.push((rel.clone(), files));
-    for d in subdirs {
-        walk(&dir.join(&d), rel.join(&d), dirs, ancestors)?;
-    }
-    ancestors.pop();
-    Ok(())
 }
 
 impl ImageFolder {
@@ -182,6 +96,37 @@ impl ImageFolder {
     /// Image `i`'s path.
     pub fn path(&self, i: usize) -> PathBuf {
         self.root.join(self.catalog.name(i))
+    }
+
+    /// As a source: its image files, read where they lie.
+    pub fn opened(self) -> Opened {
+        let kind = SourceKind::Folder;
+        Opened {
+            classes: self.classes,
+            catalog: self.catalog,
+            source: Arc::new(Files { root: self.root, kind }),
+        }
+    }
+
+    /// Every image file with its size and modification time, in folder order: what a pack of
+    /// the folder records, and what its freshness check compares with.
+    pub fn files_now(&self) -> Result<Vec<SourceFile>> {
+        stat_files(&self.root, self.len(), |i| self.catalog.name(i))
+    }
+
+    /// Every directory walked with its modification time.
+    pub fn dirs_now(&self) -> Result<Vec<SourceDir>> {
+        self.dirs
+            .par_iter()
+            .map(|d| {
+                let p = self.root.join(d);
+                let m = std::fs::metadata(&p).with_context(|| format!("cannot read {}", p.display()))?;
+                Ok(SourceDir {
+                    name: d.to_string_lossy().into_owned(),
+                    mtime_ns: mtime_ns(&m),
+                })
+            })
+            .collect()
     }
 }
 

@@ -7,8 +7,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use rand::seq::SliceRandom;
 
-use super::folder::ImageFolder;
-use super::source::{Dataset, Samples};
+use crate::data::source::folder::ImageFolder;
+use crate::data::source::{Dataset, Samples};
 use crate::bail_user;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -66,7 +66,7 @@ pub fn split(src: &Path, dst: &Path, val_ratio: f64, seed: u64, hard_link: bool)
             dst.display()
         );
     }
-    let data = Dataset::of_folder(ImageFolder::scan(src, "--data")?);
+    let data = Dataset::of(src.to_path_buf(), ImageFolder::scan(src, "--data")?.opened());
     let tmp = dst.with_file_name(format!(
         ".{}.partial",
         dst.file_name()

@@ -17,7 +17,7 @@ use super::schedule::LrSchedule;
 use super::state::RunState;
 use super::step_graph::{StepGraph, StepOutputs};
 use crate::config::TrainConfig;
-use crate::data::mixup::{soft_target_cross_entropy, Mixup};
+use crate::data::augment::mixup::{soft_target_cross_entropy, Mixup};
 use crate::dist::ddp::{Ddp, WirePrecision};
 use crate::dist::process_group::{Backend, ProcessGroup};
 use crate::model::weights::WeightsSource;

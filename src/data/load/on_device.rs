@@ -21,10 +21,11 @@ use image::RgbImage;
 use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
-use super::loader::{load_sample, Batch};
-use super::source::{Samples, Stored};
-use super::transform::{CropBox, Moves, Transform};
-use super::Normalizer;
+use super::normalize::Normalizer;
+use super::sample::{load_sample, Batch};
+use crate::data::augment::transform::{Moves, Transform};
+use crate::data::pixels::CropBox;
+use crate::data::source::{Samples, Stored};
 use crate::bail_user;
 use crate::seeds;
 
@@ -215,7 +216,7 @@ fn prepare(samples: &Samples, i: usize, t: &Transform, canvas: bool, whole_jpeg:
         // the host decodes it (a JPEG at 1/8 size when that still holds the output's pixels).
         Transform::Train { .. } => {
             let (img, whole) = decode(samples, i, (!whole_jpeg).then_some(size))?;
-            super::transform::resize_box_into((&img).into(), whole, size, &mut out)?;
+            crate::data::augment::transform::resize_box_into((&img).into(), whole, size, &mut out)?;
         }
         Transform::Eval { .. } => load_sample(samples, i, t, (0, 0), whole_jpeg, None, &mut out)?,
     }
@@ -232,7 +233,7 @@ fn decode(samples: &Samples, i: usize, shrink_to: Option<u32>) -> Result<(RgbIma
         }
         Stored::Encoded(bytes) => {
             let path = samples.path(i);
-            super::decode::decode_bytes_for(&bytes, &path, shrink_to, CropBox::whole)
+            crate::data::decode::decode_bytes_for(&bytes, &path, shrink_to, CropBox::whole)
                 .with_context(|| format!("loading {}", path.display()))
         }
     }
