@@ -51,10 +51,8 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     }
     let run_dir = RunDir::prepare(cfg, &data.classes, &ctx, resume.is_new_run())?;
     // The data it starts with, recorded for a later resume while the first steps run.
-    let _recording = match ctx.is_main() && (resume.is_new_run() || recorded.is_none()) {
-        true => Recording::start(&run_dir.path, data.train.samples(), data.val.samples()),
-        false => Recording::none(),
-    };
+    let record = ctx.is_main() && (resume.is_new_run() || recorded.is_none());
+    let _recording = Recording::start_if(record, &run_dir.path, data.train.samples(), data.val.samples());
     let pretrained = cfg.pretrained.as_ref().filter(|_| resume.is_new_run());
     let (classes, steps_per_epoch) = (data.num_classes(), data.steps_per_epoch());
     let mut t = Trainer::new(cfg, classes, steps_per_epoch, ctx.pg.clone(), ctx.ddp_options(), pretrained)?;
@@ -63,8 +61,7 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let mut out = Reporter::new(cfg, &ctx, &run_dir, &t, &data)?;
     let stop = StopRequest::install(cfg.requeue)?;
     for epoch in state.first_epoch..cfg.epochs {
-        let next_lr = t.lr(&state);
-        let mut meter = EpochMeter::start(state.start_epoch(next_lr), t.pg());
+        let mut meter = EpochMeter::start(state.start_epoch(t.lr(&state)), t.pg());
         out.start_epoch(epoch, steps_per_epoch);
         for batch in data.train_from(epoch, meter.steps) {
             let batch = batch?;
@@ -73,7 +70,6 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             if !t.step(&batch.x, &batch.y, batch.pos, &mut state, &mut meter)? {
                 continue; // gradients keep accumulating; no all-reduce until the group's last
             }
-
             // ---- training ends here; what follows reads, logs and saves
             if cfg.log_every > 0 && meter.steps % cfg.log_every == 0 {
                 t.check_divergence(&run_dir.last_good())?; // every rank at the same steps

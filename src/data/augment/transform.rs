@@ -213,7 +213,7 @@ impl Transform {
 
     /// The training draws after the box, in `finish`'s order: the padded crop's shift (output
     /// pixel (x, y) takes input (x + dx, y + dy)), then the flip. The device-side augmentation
-    /// (`on_device.rs`) draws them here too, so both paths make the same choices.
+    /// (`load/on_device.rs`) draws them here too, so both paths make the same choices.
     pub fn moves(&self, rng: &mut impl Rng) -> Moves {
         let Transform::Train { hflip, pad, .. } = *self else {
             return Moves::default();

@@ -104,12 +104,6 @@ fn walk(dir: &Path, rel: PathBuf, dirs: &mut Vec<(PathBuf, Vec<OsString>)>, ance
     Ok(())
 }
 
-/// Shards a brace pattern may name at most: a typo like `{0..99999999}` fails at once.
-const MAX_SHARDS: usize = 1_000_000;
-
-/// Class numbers at most (ImageNet-21k has 21,841 classes).
-const MAX_CLASS_NUMBER: u64 = 1_000_000;
-
 /// The files of `dir` whose names end in `suffix`, sorted; none when `dir` has a sub-folder
 /// (it is then an ImageFolder).
 pub(crate) fn files_in_flat_dir(dir: &Path, suffix: &str) -> std::io::Result<Vec<PathBuf>> {
@@ -127,17 +121,13 @@ pub(crate) fn files_in_flat_dir(dir: &Path, suffix: &str) -> std::io::Result<Vec
     Ok(files)
 }
 
-/// Each file's modification time (ns since the epoch); a file not there is a user error.
-pub(crate) fn file_times(paths: &[PathBuf], what: &str) -> Result<Vec<i64>> {
-    paths
-        .iter()
-        .map(|p| match std::fs::metadata(p) {
-            Ok(m) if m.is_file() => Ok(mtime_ns(&m)),
-            Ok(_) => bail_user!("{what}: {} is not a file", p.display()),
-            Err(e) => bail_user!("{what}: {}: {e}", p.display()),
-        })
-        .collect()
-}
+// Patterns, the folder common to several files, and the class rule.
+
+/// Shards a brace pattern may name at most: a typo like `{0..99999999}` fails at once.
+const MAX_SHARDS: usize = 1_000_000;
+
+/// Class numbers at most (ImageNet-21k has 21,841 classes).
+const MAX_CLASS_NUMBER: u64 = 1_000_000;
 
 /// The shard paths a pattern names: `::` separates alternatives, as in WebDataset; each may hold
 /// braces, `{000..146}` (a range, zero-padded to the width written) or `{a,b}` (a list).
@@ -238,6 +228,18 @@ pub(crate) fn class_index(classes: &[String], numbered: bool, label: &str) -> Op
 
 // Sizes and times.
 
+/// Each file's modification time (ns since the epoch); a file not there is a user error.
+pub(crate) fn file_times(paths: &[PathBuf], what: &str) -> Result<Vec<i64>> {
+    paths
+        .iter()
+        .map(|p| match std::fs::metadata(p) {
+            Ok(m) if m.is_file() => Ok(mtime_ns(&m)),
+            Ok(_) => bail_user!("{what}: {} is not a file", p.display()),
+            Err(e) => bail_user!("{what}: {}: {e}", p.display()),
+        })
+        .collect()
+}
+
 /// One image file of the source folder as it was when packed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SourceFile {
@@ -322,6 +324,8 @@ fn stat_at(dir: &File, name: &std::ffi::OsStr) -> std::io::Result<libc::stat> {
         _ => Err(std::io::Error::last_os_error()),
     }
 }
+
+// The reader of loose image files.
 
 /// Loose image files under `root`: a catalog's names are their paths under it.
 pub struct Files {

@@ -15,7 +15,7 @@
 //! time) are recorded, so a pack older than its folder is refused while the folder is there to
 //! compare with. A pack of a folder with a label file records the label file too; a pack of tar
 //! shards or parquet files records them (its files are then their samples, each with its
-//! shard's or file's time).
+//! shard's or file's time). `ringtrain pack` writes packs (`data/tools/pack.rs`).
 use std::borrow::Cow;
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -213,7 +213,11 @@ pub fn check(recorded: &DataRecord, train: &Samples, val: &Samples, split: bool,
 pub struct Recording(Option<std::thread::JoinHandle<Result<()>>>);
 
 impl Recording {
-    pub fn start(run_dir: &Path, train: &Samples, val: &Samples) -> Self {
+    /// Records the run's data in a background thread when `record`; nothing otherwise.
+    pub fn start_if(record: bool, run_dir: &Path, train: &Samples, val: &Samples) -> Self {
+        if !record {
+            return Recording(None);
+        }
         let (dir, train, val) = (run_dir.to_path_buf(), train.clone(), val.clone());
         let handle = std::thread::Builder::new()
             .name("ringtrain-data-record".into())
@@ -226,10 +230,6 @@ impl Recording {
             })
             .ok();
         Recording(handle)
-    }
-
-    pub fn none() -> Self {
-        Recording(None)
     }
 }
 
