@@ -11,9 +11,9 @@ use std::collections::{HashMap, HashSet};
 
 use ringtrain::config::{OptimizerKind, TrainConfig};
 use ringtrain::dist::process_group::ProcessGroup;
+use ringtrain::shim::Lr;
 use ringtrain::train::step::amp::{GradScaler, INIT_SCALE};
 use ringtrain::train::step::optim::{Optimizer, Placement};
-use ringtrain::shim::Lr;
 use ringtrain::train::step::schedule::{Plateau, PlateauState};
 use tch::{Device, Kind, Tensor};
 

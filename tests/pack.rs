@@ -5,13 +5,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use ringtrain::data::augment::transform::Transform;
 use ringtrain::data::load::cache::Budget;
 use ringtrain::data::load::loader::{Loader, LoaderOptions};
-use ringtrain::data::source::pack::{self as packed_file, Store};
-use ringtrain::data::tools::pack::{self, PackOptions};
-use ringtrain::data::source::Dataset;
-use ringtrain::data::augment::transform::Transform;
 use ringtrain::data::load::normalize::Normalizer;
+use ringtrain::data::source::pack::{self as packed_file, Store};
+use ringtrain::data::source::Dataset;
+use ringtrain::data::tools::pack::{self, PackOptions};
 use tch::{Device, Kind, Tensor};
 
 /// `write_folder`'s images in a temporary directory: (the directory, the ImageFolder in it).

@@ -4,8 +4,8 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use rand_chacha::rand_core::SeedableRng;
-use ringtrain::data::decode::decode_bytes_for;
 use ringtrain::data::augment::transform::{resize_center_crop_box, Transform};
+use ringtrain::data::decode::decode_bytes_for;
 
 fuzz_target!(|data: &[u8]| {
     // The output size varies with the input, so small sizes reach the scaled JPEG path.

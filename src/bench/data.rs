@@ -11,11 +11,11 @@ use tch::{Device, Kind};
 
 use super::{amp_name, device_name, run_reference, TrainStep};
 use crate::bail_user;
+use crate::data::augment::transform::Transform;
 use crate::data::load::cache::{self, CacheMode, CachePlan};
 use crate::data::load::loader::{Loader, LoaderOptions};
-use crate::data::source::{DataSpec, Dataset};
-use crate::data::augment::transform::Transform;
 use crate::data::load::normalize::Normalizer;
+use crate::data::source::{DataSpec, Dataset};
 use crate::data::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::device::synchronize as sync;
 use crate::say;

@@ -3,16 +3,16 @@
 //! default, shown in the help, is `TrainConfig::default()`'s (`defaults.rs`).
 use std::path::PathBuf;
 
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::config::{Metric, OptimizerKind, SchedKind};
-use crate::data::load::cache::CacheMode;
 use crate::data::augment::erasing::EraseMode;
+use crate::data::load::cache::CacheMode;
 use crate::device::DeviceSpec;
 use crate::dist::ddp::{WirePrecision, DEFAULT_BUCKET_MB};
-use crate::dist::process_group::Backend;
 use crate::dist::plan::DistOptions;
+use crate::dist::process_group::Backend;
 use crate::model::weights::WeightsSource;
 use crate::model::ModelKind;
 use crate::train::step::amp::AmpMode;
@@ -32,21 +32,6 @@ pub struct Cli {
     pub quiet: bool,
     #[command(subcommand)]
     pub command: Option<Command>,
-}
-
-impl Cli {
-    /// The command line as clap describes it, with the defaults of `train` and `demo` in their
-    /// help.
-    pub fn command_with_defaults() -> clap::Command {
-        super::defaults::show_defaults(Cli::command())
-    }
-
-    /// Parses the process's arguments (`--help` and usage errors come back as clap's errors).
-    pub fn parse_args() -> Result<Cli, clap::Error> {
-        let mut cmd = Cli::command_with_defaults();
-        let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
-        Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
-    }
 }
 
 #[derive(Subcommand)]

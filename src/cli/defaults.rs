@@ -1,15 +1,29 @@
 //! Each `train` option's default, shown in its help, comes from the config itself:
 //! `TrainConfig::default()` for `train`, the demo's recipe over it for `demo`. It is appended to
-//! the help of every argument whose id is a config key, so no default is written twice.
+//! the help of every argument whose id is a config key, so no default is written twice. The
+//! process's arguments are parsed against that command (`parse_args`).
 use std::collections::BTreeMap;
 
-use clap::Command;
+use clap::{Command, CommandFactory, FromArgMatches};
 use serde_json::Value;
 
+use super::args::Cli;
 use crate::config::{TrainConfig, UNSET_DEFAULTS};
 
+/// The command line as clap describes it, with the defaults of `train` and `demo` in their help.
+pub fn command() -> Command {
+    show_defaults(Cli::command())
+}
+
+/// Parses the process's arguments (`--help` and usage errors come back as clap's errors).
+pub fn parse_args() -> Result<Cli, clap::Error> {
+    let mut cmd = command();
+    let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
+}
+
 /// `cli` with the defaults in the help of `train` (the config's) and `demo` (its recipe's).
-pub fn show_defaults(cli: Command) -> Command {
+fn show_defaults(cli: Command) -> Command {
     let train = train_defaults();
     let demo = shown_defaults(&super::demo_recipe());
     cli.mut_subcommand("train", |c| annotate(c, &train))
@@ -80,14 +94,14 @@ mod tests {
     use clap::{Args, FromArgMatches};
 
     use super::*;
-    use crate::cli::args::{Cli, Command as Sub, DistArgs};
+    use crate::cli::args::{Command as Sub, DistArgs};
 
     fn subcommand(name: &str) -> Command {
-        Cli::command_with_defaults().find_subcommand(name).unwrap().clone()
+        command().find_subcommand(name).unwrap().clone()
     }
 
     fn parse(argv: &[&str]) -> Cli {
-        let m = Cli::command_with_defaults()
+        let m = command()
             .try_get_matches_from([&["ringtrain"], argv].concat())
             .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
         Cli::from_arg_matches(&m).unwrap()

@@ -11,18 +11,18 @@ use anyhow::Result;
 
 use crate::bench::reference;
 use crate::config::{self, TrainConfig};
-use crate::data::tools::demo;
 use crate::data::source::Dataset;
+use crate::data::tools::demo;
 use crate::dist::launcher;
 use crate::dist::plan::{self, Plan};
 use crate::dist::process_group::nccl_available;
 use crate::error::{first_line, is_user_error, user_error};
 use crate::infer::evaluate::{self, EvaluateOptions};
-use crate::model::{Model, ModelKind};
 use crate::infer::predict::{self, PredictOptions};
+use crate::model::{Model, ModelKind};
 use crate::report::progress::warn_unreadable;
-use crate::{bail_user, say};
 use crate::shim;
+use crate::{bail_user, say};
 use args::{
     BenchArgs, BenchDataArgs, Cli, Command, CompareArgs, ConvertArgs, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
     FusedCheckArgs, TraceTableArgs, TrainArgs,
@@ -56,13 +56,13 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Doctor(args)) => crate::doctor::run(args.out.as_deref()),
         Some(Command::Completions { shell }) => {
             let mut out = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command_with_defaults(), "ringtrain", &mut out);
+            clap_complete::generate(shell, &mut defaults::command(), "ringtrain", &mut out);
             crate::report::stdout::bytes(&out);
             Ok(())
         }
         Some(Command::Man) => {
             let mut out = Vec::new();
-            clap_mangen::Man::new(Cli::command_with_defaults().version(env!("CARGO_PKG_VERSION"))).render(&mut out)?;
+            clap_mangen::Man::new(defaults::command().version(env!("CARGO_PKG_VERSION"))).render(&mut out)?;
             crate::report::stdout::bytes(&out);
             Ok(())
         }
@@ -517,9 +517,8 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         }
     }
     let out = a.out.as_ref().or(a.out_positional.as_ref()).expect("clap requires one of them");
-    let named: Vec<(&str, &tch::Tensor)> = file.weights.iter().map(|(k, t)| (k.as_str(), t)).collect();
     crate::atomic::write_file_by_path(out, |tmp| {
-        tch::Tensor::write_safetensors(&named, tmp)
+        crate::model::weights::write_tensors(file.weights.iter().map(|(k, t)| (k.as_str(), t)), tmp)
             .map_err(|e| user_error(format!("cannot write {} ({})", out.display(), first_line(&e.to_string()))))
     })?;
     let from = match &file.key {
@@ -612,7 +611,7 @@ pub fn main() -> i32 {
     if std::env::var_os("RUST_BACKTRACE").is_none() {
         crate::error::report_panics_in_one_line();
     }
-    let cli = match Cli::parse_args() {
+    let cli = match defaults::parse_args() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
             eprintln!("{}", args::one_line_usage_error(&e.to_string()));

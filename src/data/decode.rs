@@ -163,8 +163,8 @@ mod tests {
 
     #[test]
     fn jpeg_shrunk_while_decoding_matches_the_full_decode_and_resize() {
-        use crate::seeds::sample as sample_rng;
         use crate::data::augment::transform::Transform;
+        use crate::seeds::sample as sample_rng;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("big.jpg");
         big_jpeg(&p);

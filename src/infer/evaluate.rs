@@ -8,14 +8,14 @@ use anyhow::Result;
 use tch::Device;
 
 use crate::bail_user;
-use crate::data::source::{DataSpec, Dataset, SourceKind};
-use crate::data::load::loader::{Loader, LoaderOptions, Shard};
 use crate::data::augment::transform::Transform;
+use crate::data::load::loader::{Loader, LoaderOptions, Shard};
 use crate::data::load::normalize::Normalizer;
+use crate::data::source::{DataSpec, Dataset, SourceKind};
 use crate::dist::env as dist_env;
 use crate::dist::process_group::{Backend, ProcessGroup};
-use crate::report::classification::ClassificationReport;
 use crate::error::user_error;
+use crate::report::classification::ClassificationReport;
 use crate::report::page::command_line;
 use crate::report::{write_evaluation, PageContext};
 use crate::train::lifecycle::checkpoint;

@@ -7,11 +7,11 @@ use tch::{Device, Kind};
 
 use crate::atomic;
 use crate::bail_user;
-use crate::data::source::common::{is_image_file, walk_images};
-use crate::data::load::loader::{Loader, LoaderOptions};
-use crate::data::source::{Dataset, Samples};
 use crate::data::augment::transform::Transform;
+use crate::data::load::loader::{Loader, LoaderOptions};
 use crate::data::load::normalize::Normalizer;
+use crate::data::source::common::{is_image_file, walk_images};
+use crate::data::source::{Dataset, Samples};
 use crate::train::lifecycle::checkpoint;
 
 /// The images to predict, with their true class where the input was an ImageFolder tree whose

@@ -347,8 +347,8 @@ impl Model {
 
     pub fn save_safetensors(&self, path: &Path) -> Result<()> {
         let sd = self.state_dict();
-        let named: Vec<(&str, &Tensor)> = sd.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        Tensor::write_safetensors(&named, path).with_context(|| format!("writing {}", path.display()))
+        weights::write_tensors(sd.iter().map(|(k, v)| (k.as_str(), v)), path)
+            .with_context(|| format!("writing {}", path.display()))
     }
 
     /// Loads a torchvision-named state_dict from a safetensors file. Every parameter and buffer

@@ -14,8 +14,8 @@ use super::RunSummary;
 use crate::config::TrainConfig;
 use crate::data::source::Samples;
 use crate::report::progress::EpochProgress;
-use crate::report::{plots, thumbnails, worst};
 use crate::report::tensorboard::EventWriter;
+use crate::report::{plots, thumbnails, worst};
 use crate::say;
 
 pub struct Reporter {

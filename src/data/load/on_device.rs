@@ -23,10 +23,10 @@ use tch::{Device, Kind, Tensor};
 
 use super::normalize::Normalizer;
 use super::sample::{load_sample, Batch};
+use crate::bail_user;
 use crate::data::augment::transform::{Moves, Transform};
 use crate::data::pixels::CropBox;
 use crate::data::source::{Samples, Stored};
-use crate::bail_user;
 use crate::seeds;
 
 /// What loading a set needs besides its samples and transform.

@@ -7,9 +7,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use rand::seq::SliceRandom;
 
+use crate::bail_user;
 use crate::data::source::folder::ImageFolder;
 use crate::data::source::{Dataset, Samples};
-use crate::bail_user;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SplitCounts {

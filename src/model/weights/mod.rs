@@ -188,3 +188,14 @@ pub fn check_model_matches(source: &WeightsSource, model: ModelKind) -> Result<(
 pub fn read_file(path: &Path, key: Option<&str>) -> Result<Loaded> {
     WeightsSource::File(path.to_path_buf()).read(key)
 }
+
+/// Writes named tensors to a safetensors file at `path`. safetensors takes contiguous CPU
+/// tensors only, so each is brought there first (no copy for one that is there already).
+pub fn write_tensors<'a>(named: impl IntoIterator<Item = (&'a str, &'a Tensor)>, path: &Path) -> Result<()> {
+    let cpu: Vec<(&str, Tensor)> = named
+        .into_iter()
+        .map(|(k, t)| (k, t.detach().to_device(tch::Device::Cpu).contiguous()))
+        .collect();
+    Tensor::write_safetensors(&cpu, path)?;
+    Ok(())
+}

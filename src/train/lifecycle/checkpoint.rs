@@ -14,6 +14,7 @@ use tch::Tensor;
 use crate::atomic;
 use crate::bail_user;
 use crate::config::TrainConfig;
+use crate::model::weights::write_tensors;
 use crate::model::{Model, ModelKind, ModelOptions};
 use crate::report::metrics_csv::EpochRow;
 use crate::train::step::amp::GradScaler;
@@ -138,12 +139,7 @@ pub fn save(dir: &Path, model: &Model, state: &CheckpointState, extras: &Extras)
     atomic::write_dir(dir, |tmp| {
         model.save_safetensors(&tmp.join(MODEL_FILE))?;
         if let Some(named) = &extras.optimizer {
-            let cpu: Vec<(String, Tensor)> = named
-                .iter()
-                .map(|(k, t)| (k.clone(), t.to_device(tch::Device::Cpu).contiguous()))
-                .collect();
-            let refs: Vec<(&str, &Tensor)> = cpu.iter().map(|(k, t)| (k.as_str(), t)).collect();
-            Tensor::write_safetensors(&refs, tmp.join(OPTIMIZER_FILE))?;
+            write_tensors(named.iter().map(|(k, t)| (k.as_str(), t)), &tmp.join(OPTIMIZER_FILE))?;
         }
         if let Some(ema) = extras.ema {
             ema.save_safetensors(&tmp.join(EMA_FILE))?;

@@ -7,12 +7,12 @@ use anyhow::Result;
 use super::checkpoint::{self, CheckpointState};
 use crate::train::step::ema::Ema;
 use super::run_dir::RunDir;
-use crate::train::step::state::RunState;
-use crate::train::step::trainer::Trainer;
-use crate::train::RunSummary;
 use crate::config::TrainConfig;
 use crate::error::user_error;
 use crate::say;
+use crate::train::step::state::RunState;
+use crate::train::step::trainer::Trainer;
+use crate::train::RunSummary;
 
 /// The checkpoint a run continues from (None: a new run).
 pub struct Resume {

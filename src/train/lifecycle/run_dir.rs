@@ -10,20 +10,20 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::checkpoint::{self, CheckpointState};
+use crate::atomic;
+use crate::config::TrainConfig;
+use crate::data::source::Samples;
+use crate::error::user_error;
+use crate::report::classification::ClassificationReport;
+use crate::report::metrics_csv;
+use crate::report::page::command_line;
+use crate::report::plots;
+use crate::report::PageContext;
+use crate::say;
 use crate::train::context::RankContext;
 use crate::train::step::meter::EpochMeter;
 use crate::train::step::state::{RunState, Validation};
 use crate::train::step::trainer::Trainer;
-use crate::atomic;
-use crate::config::TrainConfig;
-use crate::error::user_error;
-use crate::data::source::Samples;
-use crate::report::classification::ClassificationReport;
-use crate::report::page::command_line;
-use crate::report::PageContext;
-use crate::report::metrics_csv;
-use crate::report::plots;
-use crate::say;
 
 pub struct RunDir {
     pub path: PathBuf,
