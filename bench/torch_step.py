@@ -2,6 +2,8 @@
 inputs, the same way ringtrain measures it (SGD momentum 0.9, cross-entropy, autocast for the
 forward pass and the loss, GradScaler for fp16, median images/s over timed windows after warm-up).
 
+MODEL is torchvision's builder name, or timm's for the architectures only timm has (timm's model).
+
 Usage: torch_step.py MODEL BATCH SIZE AMP(off|bf16|fp16) CHANNELS_LAST(0|1) DEVICE STEPS WARMUP WINDOW
 Prints one JSON object: {"images_per_s": ..., "peak_memory_bytes": ...}.
 With TORCH_STEP_COMPILE=1 in the environment the model is wrapped in torch.compile (PyTorch's
@@ -34,6 +36,11 @@ def main(model, batch, size, amp, channels_last, device, steps, warmup, window):
         m = torchvision.models.resnet18(num_classes=1000)
         m.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
         m.maxpool = torch.nn.Identity()
+    elif model not in torchvision.models.list_models():
+        # timm's own architectures (ringtrain's timm names): timm's model.
+        import timm
+        vit = model.startswith(("vit_", "deit_"))
+        m = timm.create_model(model, num_classes=1000, **({"img_size": size} if vit else {}))
     elif model.startswith("vit"):
         # A ViT is built for one image size (its position embeddings).
         m = getattr(torchvision.models, model)(num_classes=1000, image_size=size)

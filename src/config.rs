@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::bail_user;
+use crate::data::augment::transform::{Interpolation, Transform};
 use crate::data::source::Columns;
 use crate::data::source::DataSpec;
 use crate::device::DeviceSpec;
@@ -89,6 +90,9 @@ pub struct TrainConfig {
     pub img_size: u32,
     /// Evaluation: Resize(eval_resize) + CenterCrop(img_size); default img_size / 0.875.
     pub eval_resize: Option<u32>,
+    /// The filter of the training crop's and the evaluation's resize; default: the one the
+    /// `pretrained` published weights were evaluated with, else bilinear.
+    pub interpolation: Option<Interpolation>,
     pub epochs: usize,
     pub batch_size: usize,
     pub optimizer: OptimizerKind,
@@ -206,6 +210,8 @@ pub struct TrainConfig {
     /// The dict of a PyTorch checkpoint that holds the weights (default: found by its usual
     /// names).
     pub pretrained_key: Option<String>,
+    /// Load the tensors of `pretrained` that fit, leave the rest as initialised.
+    pub pretrained_partial: bool,
     /// Parameter name prefixes to freeze, e.g. ["conv1", "bn1", "layer1"].
     pub freeze: Vec<String>,
     /// The classifier head's learning rate, as a multiple of --lr.
@@ -240,6 +246,7 @@ impl Default for TrainConfig {
             model: ModelKind::ResNet18,
             img_size: 224,
             eval_resize: None,
+            interpolation: None,
             epochs: 30,
             batch_size: 64,
             optimizer: OptimizerKind::Sgd,
@@ -306,6 +313,7 @@ impl Default for TrainConfig {
             report_every_epoch: false,
             pretrained: None,
             pretrained_key: None,
+            pretrained_partial: false,
             freeze: Vec::new(),
             head_lr_mult: 1.0,
             drop_path: None,
@@ -326,6 +334,7 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("image_column", "the first column; in tar shards the member with an image extension; in parquet files image"),
     ("label_column", "the second column; in tar shards the .cls member; in parquet files label"),
     ("eval_resize", "img-size / 0.875"),
+    ("interpolation", "the --pretrained weights' filter (bicubic for some), else bilinear"),
     ("t_max", "epochs"),
     ("constant_lr", "eta-min"),
     ("crop_padding", "none: RandomResizedCrop"),
@@ -376,6 +385,7 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
     let given = |k: &str| table.contains_key(k);
     let (model_given, img_size_given, resize_given, mean_given, std_given) =
         (given("model"), given("img_size"), given("eval_resize"), given("mean"), given("std"));
+    let interpolation_given = given("interpolation");
     let mut c = match TrainConfig::deserialize(toml::Value::Table(table)) {
         Ok(c) => c,
         // toml's message spans lines ("invalid type: ..., expected usize", "in `epochs`").
@@ -389,7 +399,7 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
             Some(m) if !model_given => c.model = m,
             _ => crate::model::weights::check_model_matches(source, c.model)?,
         }
-        if !(img_size_given && resize_given && mean_given && std_given) {
+        if !(img_size_given && resize_given && mean_given && std_given && interpolation_given) {
             eval = source.eval_transform()?;
         }
     }
@@ -401,6 +411,9 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
         if !resize_given {
             c.eval_resize = Some(((t.resize as f64) * c.img_size as f64 / t.img_size as f64).round() as u32);
         }
+        if !interpolation_given {
+            c.interpolation = Some(published_interpolation(&t));
+        }
         if !mean_given {
             c.mean = t.mean.unwrap_or(c.mean);
         }
@@ -409,6 +422,14 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
         }
     }
     Ok(c)
+}
+
+/// The filter published weights were evaluated with.
+pub fn published_interpolation(t: &crate::model::weights::EvalTransform) -> Interpolation {
+    match t.bicubic {
+        true => Interpolation::Bicubic,
+        false => Interpolation::Bilinear,
+    }
 }
 
 /// A multi-line parser message joined into one line (its parts kept, unlike cli's first line of
@@ -434,6 +455,20 @@ impl TrainConfig {
     pub fn eval_resize(&self) -> u32 {
         self.eval_resize
             .unwrap_or(((self.img_size as f64) / 0.875).round() as u32)
+    }
+
+    /// The resize filter: as given or set by the weights (`resolve`), else bilinear.
+    pub fn interpolation(&self) -> Interpolation {
+        self.interpolation.unwrap_or_default()
+    }
+
+    /// The evaluation transform: Resize(eval_resize) + CenterCrop(img_size) with the filter.
+    pub fn eval_transform(&self) -> Transform {
+        Transform::Eval {
+            size: self.img_size,
+            resize: self.eval_resize(),
+            interpolation: self.interpolation(),
+        }
     }
 
     /// Mixup/CutMix settings when either is on.
@@ -891,6 +926,18 @@ mod tests {
         assert_eq!(sizes(&c), (ModelKind::ResNet50, 128, 133)); // 232 · 128 / 224
         let c = r("pretrained = \"torchvision:resnet50\"\neval_resize = 256").unwrap();
         assert_eq!(sizes(&c), (ModelKind::ResNet50, 224, 256));
+        // The filter: the weights' (torchvision's table), unless given; bilinear without weights.
+        let filter = |flags: &str| r(flags).unwrap().interpolation();
+        assert_eq!(filter(r#"pretrained = "torchvision:resnet50""#), Interpolation::Bilinear);
+        assert_eq!(filter(r#"pretrained = "torchvision:efficientnet_b0""#), Interpolation::Bicubic);
+        assert_eq!(
+            filter("pretrained = \"torchvision:efficientnet_b0\"\ninterpolation = \"nearest\""),
+            Interpolation::Nearest
+        );
+        assert_eq!(filter("model = \"resnet50\""), Interpolation::Bilinear);
+        assert_eq!(r("").unwrap().interpolation, None);
+        let e = r("interpolation = \"lanczos\"").unwrap_err();
+        assert!(e.to_string().contains("invalid --interpolation 'lanczos'"), "{e}");
         let e = r("pretrained = \"torchvision:resnet50\"\nmodel = \"resnet18\"").unwrap_err();
         assert!(e.to_string().contains("holds resnet50 weights, not resnet18"), "{e}");
         // A file says nothing of either: the defaults stand.

@@ -26,6 +26,13 @@ fn bad_input_is_rejected_with_one_line_and_exit_2_before_any_work() {
     run(&["--batch-size", "0"], "--batch-size must be at least 1");
     run(&["--model", "resnet9000"], "unknown --model 'resnet9000'");
     run(&["--device", "tpu"], "invalid --device 'tpu'");
+    run(&["--interpolation", "lanczos"], "invalid --interpolation 'lanczos'");
+    for command in ["eval", "predict"] {
+        expect_user_error(
+            &[command, "--checkpoint", "/no/such/run", "--data", data_s, "--interpolation", "cubic"],
+            "invalid --interpolation 'cubic'",
+        );
+    }
     run(&["--warmup-epochs", "5"], "--warmup-epochs");
 
     expect_user_error(&["train", "--data", "/no/such/dir", "--out", out_s], "/no/such/dir");

@@ -173,6 +173,11 @@ fn hostile_pickles_are_refused_and_nothing_runs() {
     }
     let e = refused(&convert("weight.pth"));
     assert!(e.contains("conv1.weight is built by posix.system"), "{e}");
+    // A file with no tensor holds no weights, whatever else it holds.
+    let e = refused(&convert("only_call.pth"));
+    assert!(e.contains("holds no tensors") && e.contains("conv1.weight: a value built by posix.system"), "{e}");
+    let e = refused(&convert("no_tensors.pth"));
+    assert!(e.contains("holds no tensors") && e.contains("epoch: an int, lr: a float"), "{e}");
     let e = refused(&convert("truncated.pth"));
     assert!(e.contains("truncated.pth") && e.contains("nor a readable PyTorch checkpoint"), "{e}");
     let e = refused(&convert("short_storage.pth"));
@@ -365,7 +370,10 @@ fn timm_weights_come_from_the_hub_and_its_cache() {
     );
     let (stdout, stderr) = text(&o);
     assert!(o.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("bicubic"), "the note on the resize filter: {stdout}");
+    assert!(
+        stdout.contains("pretrained: resizing bicubic, as these weights were evaluated"),
+        "the note on the resize filter: {stdout}"
+    );
     let cfg = run_config(&run);
     assert_eq!(
         (cfg["model"].as_str(), cfg["img_size"].as_integer(), cfg["eval_resize"].as_integer()),
@@ -373,13 +381,17 @@ fn timm_weights_come_from_the_hub_and_its_cache() {
         "{cfg}"
     );
     assert_eq!((cfg["mean"][0].as_float(), cfg["std"][2].as_float()), (Some(0.5), Some(0.5)), "{cfg}");
+    assert_eq!(cfg["interpolation"].as_str(), Some("bicubic"), "{cfg}");
+    // The checkpoint keeps it for eval and predict.
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("best/state.json")).unwrap()).unwrap();
+    assert_eq!(state["interpolation"], "bicubic");
 
     // The same weights in a ringtrain resnet18 give timm's logits (bound of the torchvision
     // parity tests).
     std::env::set_var("HF_HOME", &hf_home);
     let loaded = WeightsSource::HfHub(weights::hf_hub::Repo::parse(repo).unwrap()).read(None).unwrap();
     let mut model = Model::build(ModelKind::ResNet18, 5, Device::Cpu, ModelOptions::defaults(ModelKind::ResNet18));
-    let r = model.load_pretrained(&loaded.weights, repo).unwrap();
+    let r = model.load_pretrained(&loaded.weights, repo, false).unwrap();
     assert!(r.missing.is_empty() && r.reinitialized_head.is_empty(), "{r:?}");
     let io: HashMap<String, Tensor> = Tensor::read_safetensors(t.join("io.safetensors")).unwrap().into_iter().collect();
     let got = tch::no_grad(|| model.forward(&io["x"], false));
@@ -387,14 +399,52 @@ fn timm_weights_come_from_the_hub_and_its_cache() {
     eprintln!("timm resnet18 weights in ringtrain: logits differ from timm's by {rel:.1e} of the largest");
     assert!(rel <= 1e-5, "logits differ from timm's by {rel:.1e} of the largest");
 
-    // timm's ViT names its tensors its own way: refused by name.
-    let vit_cfg = br#"{"architecture": "vit_base_patch16_224", "pretrained_cfg": {}}"#;
-    let server = Server::start(hub_routes("timm/vit.test", vit_cfg, &weights, &weights));
-    let e = refused(&ringtrain_env(
-        &common::argv("convert hf-hub:timm/vit.test {}", &[&d.path().join("v.st")]),
-        &[("HF_HOME", &hf_home), ("HF_ENDPOINT", Path::new(&server.url()))],
+    // An architecture ringtrain does not build, and a variant of one it does that timm made
+    // with another option: refused by name.
+    for (cfg, want) in [
+        (&br#"{"architecture": "swin_tiny_patch4_window7_224", "pretrained_cfg": {}}"#[..], "does not build timm's swin_tiny_patch4_window7_224"),
+        (br#"{"architecture": "vit_base_patch16_224", "model_args": {"qk_norm": true}, "pretrained_cfg": {}}"#, "created with qk_norm=true"),
+        (br#"{"architecture": "vit_base_patch16_224", "global_pool": "avg", "pretrained_cfg": {}}"#, "global_pool='avg'"),
+    ] {
+        let hub = d.path().join(format!("hf-{}", want.len()));
+        let server = Server::start(hub_routes("timm/other.test", cfg, &weights, &weights));
+        let e = refused(&ringtrain_env(
+            &common::argv("convert hf-hub:timm/other.test {}", &[&d.path().join("v.st")]),
+            &[("HF_HOME", &hub), ("HF_ENDPOINT", Path::new(&server.url()))],
+        ));
+        assert!(e.contains(want), "{e}");
+    }
+}
+
+/// Loading is strict, as `load_state_dict` is: torchvision's resnet34 weights into `--model
+/// resnet18` are refused in one line that names resnet34, before any training; with
+/// `--pretrained-partial` the tensors that fit load, on purpose, and the run says which did not.
+#[test]
+fn weights_of_another_architecture_are_refused_by_its_name() {
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("resnet34.safetensors");
+    common::run_python_code(&format!(
+        "import torch, torchvision; from safetensors.torch import save_file; torch.manual_seed(0); \
+         save_file({{k: v.contiguous() for k, v in torchvision.models.resnet34().state_dict().items()}}, {:?})",
+        s(&file)
     ));
-    assert!(e.contains("vit_base_patch16_224 names its tensors its own way"), "{e}");
+    let data = d.path().join("data");
+    shapes(&data);
+    let run = d.path().join("run");
+    let args = |extra: &str| {
+        common::argv(
+            &format!("train --data {{}} --out {{}} --model resnet18 --pretrained {{}} --epochs 1 --batch-size 6 --img-size 32 --device cpu {extra}"),
+            &[&data, &run, &file],
+        )
+    };
+    let e = refused(&common::ringtrain(&args("")));
+    assert!(e.contains("does not fit resnet18") && e.contains("looks like resnet34") && e.contains("--pretrained-partial"), "{e}");
+    assert!(e.contains("unexpected layer") && e.contains("(80)"), "{e}");
+    assert!(!run.join("last").exists(), "a refused run trained");
+    let o = common::ringtrain(&args("--pretrained-partial"));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("unexpected [\"layer1.2.bn1.bias\""), "{out}");
 }
 
 /// Fine-tuning from a `.pth` is fine-tuning from the same weights: weights ringtrain trained,
@@ -483,9 +533,10 @@ fn the_torchvision_table_is_torchvisions() {
         ]);
         assert_eq!(t, &ours);
     }
-    // Every torchvision architecture ringtrain builds has weights in the table.
+    // Every torchvision architecture ringtrain builds has weights in the table (timm's own come
+    // from the hub).
     for &k in ModelKind::ALL {
-        let own = matches!(k, ModelKind::ResNet18Cifar | ModelKind::ResNet10Tiny | ModelKind::LeNet5);
+        let own = k.is_timm() || matches!(k, ModelKind::ResNet18Cifar | ModelKind::ResNet10Tiny | ModelKind::LeNet5);
         assert_eq!(table.iter().any(|w| w.model == k), !own, "{k}");
     }
 }

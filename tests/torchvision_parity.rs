@@ -80,7 +80,7 @@ fn logits_equal_torchvision_with_its_weights_loaded_by_name() {
         for pth in [format!("{name}.pth"), format!("{name}.legacy.pth")] {
             let loaded = weights::read_file(&dir.path().join(&pth), None).unwrap();
             let mut from_pth = Model::build(kind, 7, Device::Cpu, deterministic(kind, size));
-            let r = from_pth.load_pretrained(&loaded.weights, &pth).unwrap();
+            let r = from_pth.load_pretrained(&loaded.weights, &pth, false).unwrap();
             assert!(r.missing.is_empty() && r.unexpected.is_empty() && r.reinitialized_head.is_empty(), "{pth}: {r:?}");
             let logits = tch::no_grad(|| from_pth.forward(&io["x"], false));
             let r_pth = common::rel_max_diff(&logits, &io["eval_logits"]);
@@ -181,7 +181,7 @@ fn vit_position_embeddings_are_interpolated_as_torchvision_does() {
         ..ModelOptions::defaults(ModelKind::VitB16)
     };
     let mut at_96 = Model::build(ModelKind::VitB16, 7, Device::Cpu, opts);
-    let r = at_96.load_pretrained(&weights::read_file(&src, None).unwrap().weights, "vit224").unwrap();
+    let r = at_96.load_pretrained(&weights::read_file(&src, None).unwrap().weights, "vit224", false).unwrap();
     assert_eq!(r.interpolated, ["encoder.pos_embedding"]);
     assert!(r.missing.is_empty() && r.unexpected.is_empty(), "{r:?}");
     let got = &at_96.vs.variables()["encoder.pos_embedding"];
@@ -299,7 +299,11 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
     args.extend(files.iter().map(|p| p.to_str().unwrap().to_string()));
     common::run_python(&args.iter().map(|s| s.as_str()).collect::<Vec<_>>());
     let pil: HashMap<String, Tensor> = Tensor::read_safetensors(&out).unwrap().into_iter().collect();
-    let transform = ringtrain::data::augment::transform::Transform::Eval { size, resize };
+    let transform = ringtrain::data::augment::transform::Transform::Eval {
+        size,
+        resize,
+        interpolation: ringtrain::data::augment::transform::Interpolation::Bilinear,
+    };
     let (mut worst_decode_jpeg, mut mean_decode_jpeg, mut jpegs) = (0.0f64, 0.0f64, 0);
     let (mut worst_resize, mut mean_resize) = (0.0f64, 0.0f64);
     for (i, f) in files.iter().enumerate() {
@@ -349,6 +353,91 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
          {mean_resize:.3} max {worst_resize}",
         files.len()
     );
+}
+
+/// The whole evaluation transform of a timm model (input 64 px, crop_pct 0.9, bicubic, mean and
+/// std 0.5), as a run fine-tuning from its weights makes it: timm's config.json from the hub's
+/// cache → the run's configuration (`config::resolve`: img_size 64, eval_resize 71,
+/// interpolation bicubic, mean and std) → the evaluation loader's normalised batch, against
+/// `timm.data.create_transform(**timm.data.resolve_data_config({}, pretrained_cfg=cfg))` of
+/// the same files, each side decoding them itself: a 150 px PNG of plant seedlings, and a
+/// 180×120 JPEG PIL made of another (quality 90, 4:2:0). Compared in levels of 0..255 (the
+/// difference times 255·std). Measured: the PNG equal; the JPEG 3 levels apart at worst, 0.35
+/// on average, which is the two JPEG decoders' difference (PIL's libjpeg-turbo and ringtrain's
+/// decoder, bound here as in `decode_and_eval_resize_agree_with_pil_and_torchvision`): PIL's
+/// decoded pixels of it, saved as a PNG, go through ringtrain's transform to timm's within 1
+/// level (measured 1, 0.0001 on average).
+#[test]
+fn a_timm_models_evaluation_transform_is_timms() {
+    use ringtrain::data::augment::transform::Interpolation;
+    use ringtrain::data::load::loader::{Loader, LoaderOptions};
+    use ringtrain::data::load::normalize::Normalizer;
+
+    let d = tempfile::tempdir().unwrap();
+    let pretrained_cfg = serde_json::json!({
+        "input_size": [3, 64, 64], "crop_pct": 0.9, "interpolation": "bicubic",
+        "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
+    });
+    // The hub's cache as huggingface_hub leaves it (the weights are not read here).
+    let hub = d.path().join("hub");
+    let repo = hub.join("models--timm--resnet18.interp");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let config = serde_json::json!({"architecture": "resnet18", "pretrained_cfg": pretrained_cfg});
+    std::fs::write(snapshot.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(snapshot.join("model.safetensors"), b"").unwrap();
+    std::env::set_var("HF_HUB_CACHE", &hub);
+    let cfg = ringtrain::config::resolve(None, "pretrained = \"hf-hub:timm/resnet18.interp\"".parse().unwrap()).unwrap();
+    assert_eq!(
+        (cfg.img_size, cfg.eval_resize(), cfg.interpolation(), cfg.mean3(), cfg.std3()),
+        (64, 71, Interpolation::Bicubic, [0.5; 3], [0.5; 3])
+    );
+
+    let seedlings = common::shared_data("plant-seedlings/test/Charlock");
+    let mut pngs: Vec<_> = std::fs::read_dir(&seedlings).unwrap().map(|e| e.unwrap().path()).collect();
+    pngs.sort();
+    let (png, jpeg, pil_png) = (pngs[0].clone(), d.path().join("seedling.jpg"), d.path().join("seedling-pil.png"));
+    common::run_python_code(&format!(
+        "from PIL import Image; Image.open({:?}).convert('RGB').resize((180, 120), Image.BICUBIC).save({:?}, quality=90); \
+         Image.open({:?}).convert('RGB').save({:?})",
+        pngs[1].to_str().unwrap(),
+        jpeg.to_str().unwrap(),
+        jpeg.to_str().unwrap(),
+        pil_png.to_str().unwrap()
+    ));
+    let timm = d.path().join("timm");
+    std::fs::create_dir_all(&timm).unwrap();
+    std::fs::write(timm.join("cfg.json"), pretrained_cfg.to_string()).unwrap();
+    std::fs::write(timm.join("files.json"), serde_json::to_string(&[&png, &jpeg]).unwrap()).unwrap();
+    let shown = common::run_python_script("timm_reference.py", &["eval-transform", timm.to_str().unwrap()]);
+    assert!(shown.contains("Resize(size=71, interpolation=bicubic"), "{shown}");
+    let theirs: HashMap<String, Tensor> = Tensor::read_safetensors(timm.join("out.safetensors")).unwrap().into_iter().collect();
+
+    let files = [png, jpeg, pil_png];
+    let normalize = Normalizer::new(cfg.mean3(), cfg.std3(), Device::Cpu);
+    let samples: Vec<(std::path::PathBuf, usize)> = files.iter().map(|f| (f.clone(), 0)).collect();
+    let options = LoaderOptions {
+        whole_jpeg: cfg.torchvision_compat,
+        ..LoaderOptions::in_order(files.len(), 1).for_device(&normalize)
+    };
+    let loader = Loader::new(samples, cfg.eval_transform(), options).unwrap();
+    let batch = loader.epoch(0).next().unwrap().unwrap().images;
+    assert_eq!(batch.size(), [3, 3, 64, 64]);
+    let levels = Tensor::from_slice(&cfg.std3().map(|s| 255.0 * s)).to_kind(tch::Kind::Float).view([3, 1, 1]);
+    // (ours, timm's, worst and mean bound): the PNG; the JPEG; PIL's decode of the JPEG.
+    for (i, t, bound) in [(0, "0", (1.0, 0.25)), (1, "1", (6.0, 0.5)), (2, "1", (1.0, 0.25))] {
+        let f = files[i].display();
+        let d = ((batch.get(i as i64) - &theirs[t]) * &levels).abs();
+        let (worst, mean) = (d.max().double_value(&[]), d.mean(tch::Kind::Float).double_value(&[]));
+        eprintln!("{f}: {worst:.3} levels from timm's at worst, {mean:.4} on average");
+        assert!(
+            worst <= bound.0 + 1e-3 && mean <= bound.1,
+            "{f}: {worst} levels from timm's at worst, {mean} on average"
+        );
+    }
 }
 
 /// ringtrain's training step is PyTorch's: the same torchvision-initialised resnet18, the same

@@ -4,13 +4,17 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use rand_chacha::rand_core::SeedableRng;
-use ringtrain::data::augment::transform::{resize_center_crop_box, Transform};
+use ringtrain::data::augment::transform::{resize_center_crop_box, Interpolation, Transform};
 use ringtrain::data::decode::decode_bytes_for;
 
 fuzz_target!(|data: &[u8]| {
     // The output size varies with the input, so small sizes reach the scaled JPEG path.
     let size = 4 + data.len() as u32 % 61;
-    let t = Transform::Eval { size, resize: size + size / 8 };
+    let t = Transform::Eval {
+        size,
+        resize: size + size / 8,
+        interpolation: Interpolation::Bilinear,
+    };
     let path = std::path::Path::new("fuzz-input");
     if let Ok((img, bx)) = decode_bytes_for(data, path, Some(size), |w, h| resize_center_crop_box(w, h, size + size / 8, size)) {
         let mut out = vec![0u8; (size * size * 3) as usize];

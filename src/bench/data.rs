@@ -11,7 +11,7 @@ use tch::{Device, Kind};
 
 use super::{amp_name, device_name, run_reference, TrainStep};
 use crate::bail_user;
-use crate::data::augment::transform::Transform;
+use crate::data::augment::transform::{Interpolation, Transform};
 use crate::data::load::cache::{self, CacheMode, CachePlan};
 use crate::data::load::loader::{Loader, LoaderOptions};
 use crate::data::load::normalize::Normalizer;
@@ -58,6 +58,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
             hflip: true,
             erase: None,
             pad: None,
+            interpolation: Interpolation::Bilinear,
         },
         LoaderOptions {
             shuffle: true,

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::config::{Metric, OptimizerKind, SchedKind};
 use crate::data::augment::erasing::EraseMode;
+use crate::data::augment::transform::Interpolation;
 use crate::data::load::cache::CacheMode;
 use crate::device::DeviceSpec;
 use crate::dist::ddp::{WirePrecision, DEFAULT_BUCKET_MB};
@@ -88,11 +89,14 @@ pub enum Command {
     /// files' bytes (encoded); --data and --val of every command take the pack.
     Pack(PackArgs),
     /// List every architecture --model takes: parameters at 1000 classes, the input size its
-    /// torchvision weights were made for, its head, and its stochastic depth and dropout; then
-    /// torchvision's weights that --pretrained torchvision:NAME takes.
+    /// torchvision (or timm's) weights were made for, its head, its stochastic depth and
+    /// dropout, whether timm's weights of it load from --pretrained hf-hub:ORG/NAME and whose
+    /// tensor names its files carry; then torchvision's weights that --pretrained
+    /// torchvision:NAME takes.
     Models,
     /// Convert weights (a PyTorch checkpoint, torchvision:NAME, hf-hub:ORG/NAME) to one
-    /// safetensors file with torchvision's names, without Python and without unpickling.
+    /// safetensors file with the names they have (torchvision's; timm's for hf-hub), without
+    /// Python and without unpickling.
     Convert(ConvertArgs),
     /// Check this machine for training, in one screen to paste into a bug report.
     ///
@@ -363,6 +367,10 @@ pub struct EvalArgs {
 pub struct InferArgs {
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
+    /// The evaluation resize's filter: bilinear, bicubic or nearest [default: the checkpoint's,
+    /// its run's --interpolation].
+    #[arg(long)]
+    pub interpolation: Option<Interpolation>,
     /// auto | cpu | cuda | cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: DeviceSpec,
@@ -512,6 +520,10 @@ pub struct TrainArgs {
     /// Evaluation resize before the centre crop.
     #[arg(long)]
     pub eval_resize: Option<u32>,
+    /// The filter of the training crop's resize and the evaluation resize, as PIL's (torchvision
+    /// on PIL images): bilinear, bicubic (both antialiased) or nearest.
+    #[arg(long)]
+    pub interpolation: Option<Interpolation>,
     #[arg(long)]
     pub epochs: Option<usize>,
     #[arg(long)]
@@ -636,14 +648,20 @@ pub struct TrainArgs {
     /// Fine-tune from these weights: a file (safetensors, or a PyTorch .pth/.pt/.bin checkpoint,
     /// read without unpickling), torchvision:NAME[.VARIANT] (torchvision's ImageNet weights, e.g.
     /// torchvision:resnet50; from the torch hub cache, else downloaded into it) or
-    /// hf-hub:ORG/NAME (timm's ResNets on the Hugging Face hub). Published weights set --model,
-    /// --img-size and --eval-resize unless given; the head is re-initialised when the class
-    /// count differs.
+    /// hf-hub:ORG/NAME (timm's weights on the Hugging Face hub: its ViT, DeiT, ConvNeXt,
+    /// EfficientNet, MobileNetV3, RegNet and ResNet(-D) families, see ringtrain models).
+    /// Published weights set --model, --img-size, --eval-resize, --interpolation, mean and std
+    /// unless given; the head is re-initialised when the class count differs; any other tensor
+    /// that does not fit is an error.
     #[arg(long, value_name = "FILE|torchvision:NAME|hf-hub:ORG/NAME")]
     pub pretrained: Option<WeightsSource>,
     /// The dict of a PyTorch checkpoint that holds the weights, e.g. state_dict_ema.
     #[arg(long, value_name = "KEY")]
     pub pretrained_key: Option<String>,
+    /// Load the --pretrained tensors that fit and leave the rest as initialised, on purpose
+    /// (without it, a tensor the model lacks or one the file lacks is an error).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub pretrained_partial: Option<bool>,
     /// Freeze parameters under these name prefixes, e.g. conv1,bn1,layer1.
     #[arg(long, value_delimiter = ',')]
     pub freeze: Option<Vec<String>>,

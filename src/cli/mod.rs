@@ -164,6 +164,7 @@ fn eval(args: &EvalArgs) -> Result<()> {
         batch_size: args.infer.batch_size,
         device: args.infer.device.resolve()?,
         workers: workers(args.infer.workers),
+        interpolation: args.infer.interpolation,
     })?;
     let ev = &e.result;
     for (p, why) in &ev.unreadable {
@@ -195,6 +196,7 @@ fn predict(args: &PredictArgs) -> Result<()> {
         batch_size: args.infer.batch_size,
         device: args.infer.device.resolve()?,
         workers: workers(args.infer.workers),
+        interpolation: args.infer.interpolation,
     })?;
     for (p, e) in &s.unreadable {
         warn_unreadable(p, e);
@@ -464,25 +466,41 @@ fn pack(a: &PackArgs) -> Result<()> {
     Ok(())
 }
 
-/// `ringtrain models`: one line per architecture (building each once to count its parameters).
+/// `ringtrain models`: one line per architecture (building each once to count its parameters),
+/// with whether timm's hub weights of it load (`hf-hub:`) and whose names its files carry.
 fn models() {
+    use crate::model::timm;
     crate::outln!(
-        "{:<20} {:>12} {:>6}  {:<13} {:>9} {:>8}",
-        "model", "parameters", "input", "head", "drop-path", "dropout"
+        "{:<27} {:>12} {:>6}  {:<13} {:>9} {:>8}  {:<7} {}",
+        "model", "parameters", "input", "head", "drop-path", "dropout", "hf-hub", "file names"
     );
     let shown = |v: Option<f64>| v.map_or("-".to_string(), |v| v.to_string());
     for &kind in ModelKind::ALL {
         let params = Model::new(kind, 1000, tch::Device::Cpu).num_parameters();
+        let hub = timm::kind_of_timm(kind.name()).is_some();
+        let names = match (kind.is_timm(), hub) {
+            (true, _) => "timm",
+            (false, true) => "torchvision's; timm's from hf-hub",
+            (false, false) => "torchvision",
+        };
         crate::outln!(
-            "{:<20} {:>12} {:>6}  {:<13} {:>9} {:>8}",
+            "{:<27} {:>12} {:>6}  {:<13} {:>9} {:>8}  {:<7} {}",
             kind.name(),
             thousands(params),
             kind.default_img_size(),
             kind.head_prefix(),
             shown(kind.default_drop_path()),
-            shown(kind.default_dropout())
+            shown(kind.default_dropout()),
+            if hub { "yes" } else { "-" },
+            names
         );
     }
+    crate::outln!(
+        "\ntimm's weights on the Hugging Face hub (--pretrained hf-hub:ORG/NAME, as hf-hub:timm/convnext_tiny.fb_in22k_ft_in1k): \
+         the architectures marked yes, NAME being the architecture and the weights' tag; their config.json sets the input size, \
+         resize, interpolation, mean and std. A run from them writes timm's tensor names, which timm.create_model(NAME, \
+         num_classes=K) loads strictly."
+    );
     crate::outln!("\ntorchvision's ImageNet weights (--pretrained torchvision:NAME; NAME alone is the default, *):");
     crate::outln!("{:<46} {:>6} {:>7} {:>7}  {}", "name", "input", "resize", "top-1", "resize filter");
     for w in crate::model::weights::torchvision::WEIGHTS {
@@ -507,7 +525,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     if let Some(kind) = a.model.or(a.input.model()) {
         // The same matching as --pretrained, against the architecture at 1000 classes.
         let mut model = Model::new(kind, 1000, tch::Device::Cpu);
-        let r = model.load_pretrained(&file.weights, &a.input.to_string())?;
+        let r = model.load_pretrained(&file.weights, &a.input.to_string(), false)?;
         if !r.missing.is_empty() {
             crate::bail_user!("{}: {kind} also needs {}", a.input, r.missing.join(", "));
         }

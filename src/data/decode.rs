@@ -163,14 +163,18 @@ mod tests {
 
     #[test]
     fn jpeg_shrunk_while_decoding_matches_the_full_decode_and_resize() {
-        use crate::data::augment::transform::Transform;
+        use crate::data::augment::transform::{Interpolation, Transform};
         use crate::seeds::sample as sample_rng;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("big.jpg");
         big_jpeg(&p);
         let full = decode_rgb(&p).unwrap();
         for t in [
-            Transform::Eval { size: 32, resize: 36 },
+            Transform::Eval {
+                size: 32,
+                resize: 36,
+                interpolation: Interpolation::Bilinear,
+            },
             Transform::Train {
                 size: 32,
                 scale: (0.08, 1.0),
@@ -178,6 +182,7 @@ mod tests {
                 hflip: true,
                 erase: None,
                 pad: None,
+                interpolation: Interpolation::Bilinear,
             },
         ] {
             let (mut sum, mut worst, mut shrunk, n) = (0.0, 0u8, 0, 40);

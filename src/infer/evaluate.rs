@@ -8,7 +8,7 @@ use anyhow::Result;
 use tch::Device;
 
 use crate::bail_user;
-use crate::data::augment::transform::Transform;
+use crate::data::augment::transform::Interpolation;
 use crate::data::load::loader::{Loader, LoaderOptions, Shard};
 use crate::data::load::normalize::Normalizer;
 use crate::data::source::{DataSpec, Dataset, SourceKind};
@@ -33,6 +33,8 @@ pub struct EvaluateOptions {
     pub batch_size: usize,
     pub device: Device,
     pub workers: usize,
+    /// The resize filter; None: the run's (the checkpoint's).
+    pub interpolation: Option<Interpolation>,
 }
 
 pub struct Evaluation {
@@ -74,10 +76,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
     let normalize = Normalizer::new(state.mean3(), state.std3(), device);
     let loader = Loader::new(
         data.samples.clone(),
-        Transform::Eval {
-            size: state.img_size,
-            resize: state.eval_resize,
-        },
+        state.eval_transform(o.interpolation),
         LoaderOptions {
             shard: pg.is_distributed().then_some(Shard {
                 rank: pg.rank,

@@ -7,7 +7,7 @@ use tch::{Device, Kind};
 
 use crate::atomic;
 use crate::bail_user;
-use crate::data::augment::transform::Transform;
+use crate::data::augment::transform::Interpolation;
 use crate::data::load::loader::{Loader, LoaderOptions};
 use crate::data::load::normalize::Normalizer;
 use crate::data::source::common::{is_image_file, walk_images};
@@ -111,6 +111,8 @@ pub struct PredictOptions {
     pub batch_size: usize,
     pub device: Device,
     pub workers: usize,
+    /// The resize filter; None: the run's (the checkpoint's).
+    pub interpolation: Option<Interpolation>,
 }
 
 #[derive(Debug, Clone)]
@@ -156,10 +158,7 @@ pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
     let normalize = Normalizer::new(state.mean3(), state.std3(), o.device);
     let loader = Loader::new(
         samples,
-        Transform::Eval {
-            size: state.img_size,
-            resize: state.eval_resize,
-        },
+        state.eval_transform(o.interpolation),
         LoaderOptions {
             whole_jpeg: state.config.torchvision_compat,
             ..LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize)

@@ -94,3 +94,48 @@ pub fn convnext(p: &nn::Path, spec: &ConvNextSpec, num_classes: i64, drop_path: 
     });
     (net, map)
 }
+
+/// timm's name for the tensor ringtrain (torchvision) calls `name`; timm's layer scale
+/// (`gamma`) is a vector where torchvision's is [C, 1, 1].
+pub fn timm_name(name: &str) -> Option<String> {
+    let conv_or_norm = |rest: &str, names: [&str; 2]| -> Option<String> {
+        let (k, rest) = rest.split_once('.')?;
+        Some(format!("{}.{rest}", names[k.parse::<usize>().ok().filter(|k| *k < 2)?]))
+    };
+    if let Some(rest) = name.strip_prefix("classifier.") {
+        let (k, rest) = rest.split_once('.')?;
+        return match k {
+            "0" => Some(format!("head.norm.{rest}")),
+            "2" => Some(format!("head.fc.{rest}")),
+            _ => None,
+        };
+    }
+    let rest = name.strip_prefix("features.")?;
+    let (f, rest) = rest.split_once('.')?;
+    let f: usize = f.parse().ok()?;
+    if f == 0 {
+        return conv_or_norm(rest, ["stem.0", "stem.1"]);
+    }
+    if f % 2 == 0 {
+        let stage = f / 2;
+        return conv_or_norm(rest, ["downsample.0", "downsample.1"]).map(|r| format!("stages.{stage}.{r}"));
+    }
+    let stage = (f - 1) / 2;
+    let (j, part) = rest.split_once('.')?;
+    let part = match part {
+        "layer_scale" => "gamma".to_string(),
+        p => {
+            let p = p.strip_prefix("block.")?;
+            let (k, r) = p.split_once('.')?;
+            let layer = match k {
+                "0" => "conv_dw",
+                "2" => "norm",
+                "3" => "mlp.fc1",
+                "5" => "mlp.fc2",
+                _ => return None,
+            };
+            format!("{layer}.{r}")
+        }
+    };
+    Some(format!("stages.{stage}.blocks.{j}.{part}"))
+}

@@ -34,6 +34,8 @@ pub struct EfficientNetSpec {
     /// The head convolution's channels (None: 4× the last stage's).
     pub last_channel: Option<i64>,
     pub bn_eps: f64,
+    /// TensorFlow's "same" padding (timm's `tf_efficientnet_*`).
+    pub tf_same: bool,
 }
 
 const fn mb(expand: f64, kernel: i64, stride: i64, cin: i64, cout: i64, layers: usize) -> Stage {
@@ -71,6 +73,16 @@ pub fn b(width_mult: f64, depth_mult: f64) -> EfficientNetSpec {
         depth_mult,
         last_channel: None,
         bn_eps: 1e-5,
+        tf_same: false,
+    }
+}
+
+/// timm's port of TensorFlow's network: "same" padding, BatchNorm eps 1e-3.
+pub fn tf(spec: EfficientNetSpec) -> EfficientNetSpec {
+    EfficientNetSpec {
+        bn_eps: 1e-3,
+        tf_same: true,
+        ..spec
     }
 }
 
@@ -88,12 +100,13 @@ pub fn v2_s() -> EfficientNetSpec {
         depth_mult: 1.0,
         last_channel: Some(1280),
         bn_eps: 1e-3,
+        tf_same: false,
     }
 }
 
 /// MBConv (an inverted residual block with SiLU and squeeze-excitation) or FusedMBConv (one
 /// k×k expanding convolution, then the 1×1 projection), with stochastic depth on the residual.
-fn block(p: nn::Path, s: &Stage, cin: i64, stride: i64, drop: f64, norm: NormKind) -> nn::FuncT<'static> {
+fn block(p: nn::Path, s: &Stage, cin: i64, stride: i64, drop: f64, norm: NormKind, tf_same: bool) -> nn::FuncT<'static> {
     let expanded = make_divisible(cin as f64 * s.expand, 8);
     let silu = Some(Act::Silu);
     let widen = ConvShape::new(s.kernel, stride);
@@ -113,6 +126,7 @@ fn block(p: nn::Path, s: &Stage, cin: i64, stride: i64, drop: f64, norm: NormKin
                 act: Act::Silu,
                 se: Some(se),
                 norm,
+                tf_same,
             };
             return inverted_residual(p, &b, drop);
         }
@@ -149,7 +163,7 @@ pub fn efficientnet(
     let depth = |n: usize| (n as f64 * spec.depth_mult).ceil() as usize;
     let first = width(spec.stages[0].cin);
     let silu = Some(Act::Silu);
-    let stem = conv_norm_act(&f / 0, 3, first, ConvShape::new(3, 2), norm, silu);
+    let stem = conv_norm_act(&f / 0, 3, first, ConvShape::new(3, 2).tf_same(spec.tf_same), norm, silu);
     let total: usize = spec.stages.iter().map(|s| depth(s.layers)).sum();
     let mut map = LayerMap::new(&["features.0"]);
     let mut blocks = nn::seq_t();
@@ -163,7 +177,7 @@ pub fn efficientnet(
         for j in 0..depth(s.layers) {
             let prob = drop_path * block_id as f64 / total as f64;
             let stride = if j == 0 { s.stride } else { 1 };
-            blocks = blocks.add(block(&f / (i + 1) / j, &s, cin, stride, prob, norm));
+            blocks = blocks.add(block(&f / (i + 1) / j, &s, cin, stride, prob, norm, spec.tf_same));
             map.blocks.push(vec![format!("features.{}.{j}", i + 1)]);
             cin = s.cout;
             block_id += 1;
@@ -171,7 +185,7 @@ pub fn efficientnet(
     }
     let last = spec.last_channel.unwrap_or(4 * cin);
     let last_idx = spec.stages.len() + 1;
-    let head_conv = conv_norm_act(&f / last_idx, cin, last, ConvShape::new(1, 1), norm, silu);
+    let head_conv = conv_norm_act(&f / last_idx, cin, last, ConvShape::new(1, 1).tf_same(spec.tf_same), norm, silu);
     let r = 1.0 / (num_classes as f64).sqrt();
     let fc = linear(
         p / "classifier" / 1,
@@ -190,4 +204,41 @@ pub fn efficientnet(
             .apply(&fc)
     });
     (net, map)
+}
+
+/// timm's name for the tensor ringtrain (torchvision) calls `name` (EfficientNet B0–B3; timm's
+/// V2 is another network). A block that widens is timm's inverted residual (`conv_pw`, `bn1`,
+/// `conv_dw`, `bn2`, `se`, `conv_pwl`, `bn3`), one that does not its depthwise-separable block
+/// (`conv_dw`, `bn1`, `se`, `conv_pw`, `bn2`).
+pub fn timm_name(spec: &EfficientNetSpec, name: &str) -> Option<String> {
+    let pair = |rest: &str, conv: &str, bn: &str| -> Option<String> {
+        let (k, rest) = rest.split_once('.')?;
+        Some(format!("{}.{rest}", [conv, bn][k.parse::<usize>().ok().filter(|k| *k < 2)?]))
+    };
+    if let Some(rest) = name.strip_prefix("classifier.1.") {
+        return Some(format!("classifier.{rest}"));
+    }
+    let rest = name.strip_prefix("features.")?;
+    let (f, rest) = rest.split_once('.')?;
+    let f: usize = f.parse().ok()?;
+    if f == 0 {
+        return pair(rest, "conv_stem", "bn1");
+    }
+    if f == spec.stages.len() + 1 {
+        return pair(rest, "conv_head", "bn2");
+    }
+    let stage = spec.stages.get(f - 1).filter(|s| matches!(s.block, BlockKind::MbConv))?;
+    let (j, rest) = rest.split_once('.')?;
+    let (k, r) = rest.strip_prefix("block.")?.split_once('.')?;
+    let widens = stage.expand != 1.0;
+    let part = match (k, widens) {
+        ("0", false) => pair(r, "conv_dw", "bn1")?,
+        ("1", false) | ("2", true) => format!("se.{}", r.replace("fc1.", "conv_reduce.").replace("fc2.", "conv_expand.")),
+        ("2", false) => pair(r, "conv_pw", "bn2")?,
+        ("0", true) => pair(r, "conv_pw", "bn1")?,
+        ("1", true) => pair(r, "conv_dw", "bn2")?,
+        ("3", true) => pair(r, "conv_pwl", "bn3")?,
+        _ => return None,
+    };
+    Some(format!("blocks.{}.{j}.{part}", f - 1))
 }

@@ -56,13 +56,15 @@ impl Act {
     }
 }
 
-/// A 2-d convolution's shape; padding is torchvision's `(k - 1) / 2` unless set.
+/// A 2-d convolution's shape; padding is torchvision's `(k - 1) / 2` unless set, or
+/// TensorFlow's "same" (`tf_same`: as much as the input size needs, the odd pixel after).
 #[derive(Debug, Clone, Copy)]
 pub struct ConvShape {
     pub k: i64,
     pub stride: i64,
     pub groups: i64,
     pub padding: Option<i64>,
+    pub tf_same: bool,
 }
 
 impl ConvShape {
@@ -72,7 +74,24 @@ impl ConvShape {
             stride,
             groups: 1,
             padding: None,
+            tf_same: false,
         }
+    }
+
+    pub fn tf_same(self, tf_same: bool) -> Self {
+        ConvShape { tf_same, ..self }
+    }
+
+    /// TensorFlow's "same" padding of `x` for this shape (timm's `pad_same`): the output has
+    /// ceil(size / stride) pixels, the padding split with the odd one after.
+    pub fn pad_same(&self, x: &Tensor) -> Tensor {
+        let size = x.size();
+        let pad = |i: i64| (((i + self.stride - 1) / self.stride - 1) * self.stride + self.k - i).max(0);
+        let (ph, pw) = (pad(size[size.len() - 2]), pad(size[size.len() - 1]));
+        if ph == 0 && pw == 0 {
+            return x.shallow_clone();
+        }
+        x.constant_pad_nd([pw / 2, pw - pw / 2, ph / 2, ph - ph / 2])
     }
 
     pub fn groups(self, groups: i64) -> Self {
@@ -92,7 +111,7 @@ impl ConvShape {
 pub fn conv2d(p: nn::Path, cin: i64, cout: i64, s: ConvShape, ws: nn::Init, bias: Option<nn::Init>) -> nn::Conv2D {
     let cfg = nn::ConvConfig {
         stride: s.stride,
-        padding: s.padding.unwrap_or((s.k - 1) / 2),
+        padding: if s.tf_same { 0 } else { s.padding.unwrap_or((s.k - 1) / 2) },
         groups: s.groups,
         bias: bias.is_some(),
         ws_init: ws,
@@ -177,6 +196,8 @@ impl ModuleT for Norm2d {
 #[derive(Debug)]
 pub struct ConvNormAct {
     conv: nn::Conv2D,
+    /// The shape, for TensorFlow's "same" padding before the convolution.
+    tf_same: Option<ConvShape>,
     norm: Norm2d,
     act: Option<Act>,
 }
@@ -201,6 +222,7 @@ pub fn conv_norm_act_init(
 ) -> ConvNormAct {
     ConvNormAct {
         conv: conv2d(&p / "0", cin, cout, s, ws, bias),
+        tf_same: s.tf_same.then_some(s),
         norm: norm2d(&p / "1", cout, norm),
         act,
     }
@@ -208,7 +230,11 @@ pub fn conv_norm_act_init(
 
 impl ModuleT for ConvNormAct {
     fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        let y = x.apply(&self.conv).apply_t(&self.norm, train);
+        let y = match &self.tf_same {
+            Some(s) => s.pad_same(x).apply(&self.conv),
+            None => x.apply(&self.conv),
+        };
+        let y = y.apply_t(&self.norm, train);
         match self.act {
             Some(a) => a.apply(&y),
             None => y,
@@ -309,6 +335,8 @@ pub struct InvertedResidual {
     pub act: Act,
     pub se: Option<SeSpec>,
     pub norm: NormKind,
+    /// TensorFlow's "same" padding (timm's `tf_` ports).
+    pub tf_same: bool,
 }
 
 /// `b` as torchvision builds it, under `p.block.N` numbered as its Sequential numbers them: 1×1
@@ -318,12 +346,12 @@ pub fn inverted_residual(p: nn::Path, b: &InvertedResidual, drop: f64) -> nn::Fu
     let p = &p / "block";
     let mut index = 0..;
     let mut next = || &p / index.next().unwrap();
-    let (act, one) = (Some(b.act), ConvShape::new(1, 1));
+    let (act, one) = (Some(b.act), ConvShape::new(1, 1).tf_same(b.tf_same));
     let mut seq = nn::seq_t();
     if b.expanded != b.cin {
         seq = seq.add(conv_norm_act(next(), b.cin, b.expanded, one, b.norm, act));
     }
-    let dw = ConvShape::new(b.kernel, b.stride).groups(b.expanded);
+    let dw = ConvShape::new(b.kernel, b.stride).groups(b.expanded).tf_same(b.tf_same);
     seq = seq.add(conv_norm_act(next(), b.expanded, b.expanded, dw, b.norm, act));
     if let Some(se) = b.se {
         seq = seq.add(squeeze_excitation(

@@ -42,6 +42,11 @@ pub struct MobileNetV3Spec {
     pub rows: &'static [Row],
     /// The first Linear's width.
     pub last_channel: i64,
+    /// torchvision's 1e-3; timm's 1e-5.
+    pub bn_eps: f64,
+    /// How many rows each of timm's stages (`blocks.S`) holds, the 1×1 convolution to 6×
+    /// channels its last stage.
+    pub timm_stages: &'static [usize],
 }
 
 pub const LARGE: MobileNetV3Spec = MobileNetV3Spec {
@@ -63,6 +68,15 @@ pub const LARGE: MobileNetV3Spec = MobileNetV3Spec {
         row(160, 5, 960, 160, true, HS, 1),
     ],
     last_channel: 1280,
+    bn_eps: 1e-3,
+    timm_stages: &[1, 2, 3, 4, 2, 3],
+};
+
+/// timm's `mobilenetv3_large_100`: torchvision's network with BatchNorm eps 1e-5 (timm's first
+/// Linear is a 1×1 convolution on the pooled features, `conv_head`: the same product).
+pub const LARGE_TIMM: MobileNetV3Spec = MobileNetV3Spec {
+    bn_eps: 1e-5,
+    ..LARGE
 };
 
 pub const SMALL: MobileNetV3Spec = MobileNetV3Spec {
@@ -80,15 +94,25 @@ pub const SMALL: MobileNetV3Spec = MobileNetV3Spec {
         row(96, 5, 576, 96, true, HS, 1),
     ],
     last_channel: 1024,
+    bn_eps: 1e-3,
+    timm_stages: &[1, 2, 3, 2, 3],
 };
 
-const NORM: NormKind = NormKind::Batch {
-    eps: 1e-3,
-    momentum: 0.01,
+/// timm's `mobilenetv3_small_100`.
+pub const SMALL_TIMM: MobileNetV3Spec = MobileNetV3Spec {
+    bn_eps: 1e-5,
+    ..SMALL
 };
+
+fn norm(spec: &MobileNetV3Spec) -> NormKind {
+    NormKind::Batch {
+        eps: spec.bn_eps,
+        momentum: 0.01,
+    }
+}
 
 /// A row as the block torchvision builds from it.
-fn block(r: &Row) -> InvertedResidual {
+fn block(r: &Row, norm: NormKind) -> InvertedResidual {
     InvertedResidual {
         cin: r.cin,
         expanded: r.expanded,
@@ -101,7 +125,8 @@ fn block(r: &Row) -> InvertedResidual {
             act: Act::Relu,
             scale: Act::Hardsigmoid,
         }),
-        norm: NORM,
+        norm,
+        tf_same: false,
     }
 }
 
@@ -115,17 +140,17 @@ pub fn mobilenet_v3(
     let f = p / "features";
     let hs = Some(Act::Hardswish);
     let first = spec.rows[0].cin;
-    let stem = conv_norm_act(&f / 0, 3, first, ConvShape::new(3, 2), NORM, hs);
+    let stem = conv_norm_act(&f / 0, 3, first, ConvShape::new(3, 2), norm(spec), hs);
     let mut map = LayerMap::new(&["features.0"]);
     let mut blocks = nn::seq_t();
     for (i, r) in spec.rows.iter().enumerate() {
-        blocks = blocks.add(inverted_residual(&f / (i + 1), &block(r), 0.0));
+        blocks = blocks.add(inverted_residual(&f / (i + 1), &block(r, norm(spec)), 0.0));
         map.blocks.push(vec![format!("features.{}", i + 1)]);
     }
     let cin = spec.rows[spec.rows.len() - 1].cout;
     let last = 6 * cin;
     let n = spec.rows.len() + 1;
-    let head_conv = conv_norm_act(&f / n, cin, last, ConvShape::new(1, 1), NORM, hs);
+    let head_conv = conv_norm_act(&f / n, cin, last, ConvShape::new(1, 1), norm(spec), hs);
     let c = p / "classifier";
     let normal = nn::Init::Randn { mean: 0.0, stdev: 0.01 };
     let fc1 = linear(&c / 0, last, spec.last_channel, normal, ZERO);
@@ -142,4 +167,59 @@ pub fn mobilenet_v3(
             .apply(&fc2)
     });
     (net, map)
+}
+
+/// timm's name for the tensor ringtrain (torchvision) calls `name`. timm groups the rows into
+/// stages (`blocks.S.J`); a row that does not widen is its depthwise-separable block (`conv_dw`,
+/// `bn1`, `se`, `conv_pw`, `bn2`), one that does an inverted residual (`conv_pw`, `bn1`,
+/// `conv_dw`, `bn2`, `se`, `conv_pwl`, `bn3`); the first Linear is `conv_head`, [O, I, 1, 1].
+pub fn timm_name(spec: &MobileNetV3Spec, name: &str) -> Option<String> {
+    let pair = |rest: &str, conv: &str, bn: &str| -> Option<String> {
+        let (k, rest) = rest.split_once('.')?;
+        Some(format!("{}.{rest}", [conv, bn][k.parse::<usize>().ok().filter(|k| *k < 2)?]))
+    };
+    if let Some(rest) = name.strip_prefix("classifier.") {
+        let (k, rest) = rest.split_once('.')?;
+        return match k {
+            "0" => Some(format!("conv_head.{rest}")),
+            "3" => Some(format!("classifier.{rest}")),
+            _ => None,
+        };
+    }
+    let rest = name.strip_prefix("features.")?;
+    let (f, rest) = rest.split_once('.')?;
+    let f: usize = f.parse().ok()?;
+    if f == 0 {
+        return pair(rest, "conv_stem", "bn1");
+    }
+    let last_stage = spec.timm_stages.len();
+    if f == spec.rows.len() + 1 {
+        return pair(rest, "conv", "bn1").map(|r| format!("blocks.{last_stage}.0.{r}"));
+    }
+    let row = spec.rows.get(f - 1)?;
+    // The row's stage and place in it.
+    let (mut stage, mut j) = (0, f - 1);
+    while j >= *spec.timm_stages.get(stage)? {
+        j -= spec.timm_stages[stage];
+        stage += 1;
+    }
+    let rest = rest.strip_prefix("block.")?;
+    let (k, r) = rest.split_once('.')?;
+    let k: usize = k.parse().ok()?;
+    let widens = row.expanded != row.cin;
+    let layers: &[&str] = match (widens, row.se) {
+        (false, true) => &["dw", "se", "pw"],
+        (false, false) => &["dw", "pw"],
+        (true, true) => &["pw", "dw", "se", "pwl"],
+        (true, false) => &["pw", "dw", "pwl"],
+    };
+    let part = match (*layers.get(k)?, widens) {
+        ("se", _) => format!("se.{}", r.replace("fc1.", "conv_reduce.").replace("fc2.", "conv_expand.")),
+        ("dw", false) => pair(r, "conv_dw", "bn1")?,
+        ("pw", false) => pair(r, "conv_pw", "bn2")?,
+        ("pw", true) => pair(r, "conv_pw", "bn1")?,
+        ("dw", true) => pair(r, "conv_dw", "bn2")?,
+        (_, _) => pair(r, "conv_pwl", "bn3")?,
+    };
+    Some(format!("blocks.{stage}.{j}.{part}"))
 }

@@ -11,10 +11,11 @@ pub mod lenet;
 pub mod mobilenet;
 pub mod regnet;
 pub mod resnet;
+pub mod timm;
 pub mod vit;
 pub mod weights;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -22,6 +23,7 @@ use tch::nn::{self, ModuleT};
 use tch::{Device, Kind, Tensor};
 
 pub use kind::{Arch, ModelKind};
+pub use timm::Names;
 
 /// What `load_pretrained` did.
 #[derive(Debug, Default)]
@@ -37,6 +39,8 @@ pub struct PretrainedReport {
     pub interpolated: Vec<String>,
     /// The prefix every name of the file had, taken off (`model.` of a Lightning module).
     pub prefix: Option<String>,
+    /// Whose names the file had.
+    pub names: Option<Names>,
 }
 
 /// PyTorch's own initialisation of `nn.Linear` and `nn.Conv2d` (their `reset_parameters`),
@@ -152,6 +156,9 @@ pub struct Model {
     pub layers: LayerMap,
     /// Training forward passes so far: torchvision's BN `num_batches_tracked`, kept for interop.
     pub bn_batches: i64,
+    /// Whose tensor names its files carry: timm's for timm's networks and for a run started
+    /// from timm's weights, else torchvision's. Reading takes either.
+    pub names: Names,
 }
 
 impl Model {
@@ -185,6 +192,7 @@ impl Model {
             net,
             layers,
             bn_batches: 0,
+            names: if kind.is_timm() { Names::Timm } else { Names::Torchvision },
         }
     }
 
@@ -234,10 +242,13 @@ impl Model {
         v
     }
 
-    /// Fine-tuning: loads a torchvision-named state_dict by name. Missing and unexpected names
-    /// are reported, a shape mismatch is refused, except in the classifier head, which then keeps
-    /// its fresh initialisation for this data's classes. `origin` names the weights in errors.
-    pub fn load_pretrained(&mut self, file: &weights::StateDict, origin: &str) -> Result<PretrainedReport> {
+    /// Fine-tuning: loads a state_dict (torchvision's or timm's names) by name. Loading is
+    /// strict, as PyTorch's `load_state_dict` is: a tensor the model lacks, or one of the model's
+    /// the file lacks, is an error that names the architecture the file looks like, unless
+    /// `partial` (`--pretrained-partial`), which leaves missing tensors as initialised and
+    /// ignores unexpected ones. The classifier head may differ in shape (another class count):
+    /// it then keeps its fresh initialisation. `origin` names the weights in errors.
+    pub fn load_pretrained(&mut self, file: &weights::StateDict, origin: &str, partial: bool) -> Result<PretrainedReport> {
         let vars = self.vs.variables();
         let head = format!("{}.", self.head_prefix());
         let mut r = PretrainedReport::default();
@@ -245,12 +256,22 @@ impl Model {
         // off when no name matches as it is.
         let unwrapped;
         let file = match weights::common_prefix(file) {
-            Some(p) if !file.keys().any(|k| vars.contains_key(k)) => {
+            Some(p) if !file.keys().any(|k| vars.contains_key(k)) && timm::names_of(self, file) != Names::Timm => {
                 unwrapped = weights::without_prefix(file, &p);
                 r.prefix = Some(p);
                 &unwrapped
             }
             _ => file,
+        };
+        let names = timm::names_of(self, file);
+        r.names = Some(names);
+        let renamed;
+        let file = match names {
+            Names::Timm => {
+                renamed = timm::from_timm(self, file);
+                &renamed
+            }
+            Names::Torchvision => file,
         };
         let mut names: Vec<&String> = vars.keys().collect();
         names.sort();
@@ -262,7 +283,13 @@ impl Model {
                     continue;
                 };
                 let resized = (name == "encoder.pos_embedding" && src.size() != var.size())
-                    .then(|| vit::interpolate_pos_embedding(src, var.size()[1]))
+                    .then(|| match r.names {
+                        Some(Names::Timm) => {
+                            let prefix = vars.contains_key("class_token") as i64;
+                            vit::resample_pos_embedding_timm(src, var.size()[1], prefix)
+                        }
+                        _ => vit::interpolate_pos_embedding(src, var.size()[1]),
+                    })
                     .flatten();
                 if resized.is_some() {
                     r.interpolated.push(name.clone());
@@ -274,10 +301,11 @@ impl Model {
                         continue;
                     }
                     crate::bail_user!(
-                        "--pretrained {origin}: {name} has shape {:?}, {} needs {:?} (a different architecture?)",
+                        "--pretrained {origin}: {name} has shape {:?}, {} needs {:?} (a different architecture{}?)",
                         src.size(),
                         self.kind,
-                        var.size()
+                        var.size(),
+                        self.guess_architecture(file).map_or(String::new(), |k| format!(": the file looks like {k}"))
                     );
                 }
                 var.shallow_clone().copy_(&src.to_kind(var.kind()));
@@ -293,22 +321,70 @@ impl Model {
         r.unexpected.sort();
         if r.loaded == 0 {
             crate::bail_user!(
-                "--pretrained {origin}: no tensor name matches {} (is it a torchvision state_dict?)",
+                "--pretrained {origin}: no tensor name matches {} (is it a torchvision or timm state_dict?)",
                 self.kind
+            );
+        }
+        let missing: Vec<&String> = r.missing.iter().filter(|n| !n.starts_with(&head)).collect();
+        if !partial && (!missing.is_empty() || !r.unexpected.is_empty()) {
+            let few = |v: &[&String]| match v.len() {
+                0 => "none".to_string(),
+                n if n <= 3 => v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                n => format!("{}, … ({n})", v[..3].iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")),
+            };
+            let unexpected: Vec<&String> = r.unexpected.iter().collect();
+            let looks = match self.guess_architecture(file) {
+                Some(k) => format!("the file looks like {k}: name --model {k}, or"),
+                None => "not a state_dict of it:".to_string(),
+            };
+            crate::bail_user!(
+                "--pretrained {origin} does not fit {}: missing {}; unexpected {}; {looks} --pretrained-partial to load the tensors that fit",
+                self.kind,
+                few(&missing),
+                few(&unexpected),
             );
         }
         Ok(r)
     }
 
+    /// The architecture of this family whose tensors (names and shapes, head aside) are those of
+    /// `file` (ringtrain's names): what a file that does not fit was made for.
+    fn guess_architecture(&self, file: &weights::StateDict) -> Option<ModelKind> {
+        let family = std::mem::discriminant(&self.kind.arch());
+        let signature = |sd: &mut dyn Iterator<Item = (String, Vec<i64>)>, head: &str| -> Vec<(String, Vec<i64>)> {
+            let mut v: Vec<(String, Vec<i64>)> =
+                sd.filter(|(k, _)| !k.starts_with(head) && !k.ends_with(".num_batches_tracked")).collect();
+            v.sort();
+            v
+        };
+        let kinds = ModelKind::ALL.iter().copied().filter(|k| *k != self.kind && std::mem::discriminant(&k.arch()) == family);
+        for kind in kinds {
+            let head = format!("{}.", kind.head_prefix());
+            let want = signature(&mut file.iter().map(|(k, t)| (k.clone(), t.size())), &head);
+            let candidate = Model::build(kind, 1, Device::Cpu, ModelOptions { img_size: self.opts.img_size, ..ModelOptions::defaults(kind) });
+            let vars = candidate.vs.variables();
+            if signature(&mut vars.into_iter().map(|(k, t)| (k, t.size())), &head) == want {
+                return Some(kind);
+            }
+        }
+        None
+    }
+
     /// `--freeze conv1,bn1,layer1`: parameters under these name prefixes get no gradient (and
-    /// their BatchNorms stay in eval mode). Returns how many tensors were frozen.
+    /// their BatchNorms stay in eval mode). A model whose files carry timm's names takes timm's
+    /// prefixes too (`stem,stages.0`). Returns how many tensors were frozen.
     pub fn freeze(&self, prefixes: &[String]) -> Result<usize> {
         let vars = self.vs.variables();
+        let timm_names: BTreeMap<&String, String> = match self.names {
+            Names::Timm => vars.keys().filter_map(|k| Some((k, timm::timm_name(self.kind, k)?))).collect(),
+            Names::Torchvision => BTreeMap::new(),
+        };
         let mut frozen = 0;
         for prefix in prefixes {
+            let is_under = |name: &str| name == prefix || name.starts_with(&format!("{prefix}."));
             let under: Vec<&Tensor> = vars
                 .iter()
-                .filter(|(k, _)| *k == prefix || k.starts_with(&format!("{prefix}.")))
+                .filter(|(k, _)| is_under(k) || timm_names.get(k).is_some_and(|t| is_under(t)))
                 .map(|(_, v)| v)
                 .collect();
             if under.is_empty() {
@@ -345,19 +421,39 @@ impl Model {
         out
     }
 
+    /// What the model's files call its tensor `name` (ringtrain's name), for messages.
+    pub fn file_name(&self, name: &str) -> String {
+        match self.names {
+            Names::Timm => timm::timm_name(self.kind, name).unwrap_or_else(|| name.to_string()),
+            Names::Torchvision => name.to_string(),
+        }
+    }
+
+    /// The state_dict under the names of `self.names`.
+    pub fn named_state_dict(&self) -> BTreeMap<String, Tensor> {
+        match self.names {
+            Names::Torchvision => self.state_dict(),
+            Names::Timm => timm::to_timm(self, &self.state_dict()),
+        }
+    }
+
     pub fn save_safetensors(&self, path: &Path) -> Result<()> {
-        let sd = self.state_dict();
+        let sd = self.named_state_dict();
         weights::write_tensors(sd.iter().map(|(k, v)| (k.as_str(), v)), path)
             .with_context(|| format!("writing {}", path.display()))
     }
 
-    /// Loads a torchvision-named state_dict from a safetensors file. Every parameter and buffer
-    /// must be present with the same shape; unknown names are an error.
+    /// Loads a state_dict (torchvision's or timm's names) from a safetensors file. Every
+    /// parameter and buffer must be present with the same shape; unknown names are an error.
     pub fn load_safetensors(&mut self, path: &Path) -> Result<()> {
-        let file: HashMap<String, Tensor> = Tensor::read_safetensors(path)
+        let file: weights::StateDict = Tensor::read_safetensors(path)
             .with_context(|| format!("reading {}", path.display()))?
             .into_iter()
             .collect();
+        let file = match timm::names_of(self, &file) {
+            Names::Timm => timm::from_timm(self, &file),
+            Names::Torchvision => file,
+        };
         let vars = self.vs.variables();
         let mut missing: Vec<&String> = vars.keys().filter(|k| !file.contains_key(*k)).collect();
         missing.sort();

@@ -2,6 +2,10 @@
 //! parameter names (`conv1.weight`, `layer1.0.bn1.running_mean`, `fc.bias`, ...) and the same
 //! initialisation (Kaiming normal, fan-out, for convs; BN weight 1, bias 0). ResNeXt and Wide
 //! ResNet are the same network with grouped or wider 3×3 convolutions in the bottleneck.
+//! ResNet-D (timm's `resnet50d`, under timm's names, which extend torchvision's) has a deep stem
+//! (three 3×3 convolutions, `conv1.0`, `conv1.3`, `conv1.6`, with BatchNorm and ReLU between)
+//! and downsamples its shortcuts by average pooling before the 1×1 convolution
+//! (`downsample.1`, `downsample.2`).
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
@@ -26,6 +30,8 @@ pub struct ResNetSpec {
     /// 32 and 4: ResNeXt-50 32×4d; 1 and 128: Wide ResNet-50-2).
     pub groups: i64,
     pub width_per_group: i64,
+    /// ResNet-D: deep stem, average-pool downsampling.
+    pub resnet_d: bool,
 }
 
 /// How a block ends its branches: BatchNorm then ReLU (or add then ReLU), fused with
@@ -68,12 +74,20 @@ fn bn(p: nn::Path, c: i64) -> BatchNorm2d {
     batch_norm2d(p, c)
 }
 
-fn downsample(p: nn::Path, cin: i64, cout: i64, stride: i64) -> Option<nn::SequentialT> {
-    (stride != 1 || cin != cout).then(|| {
-        nn::seq_t()
-            .add(conv(&p / "0", cin, cout, 1, stride, 0))
-            .add(bn(&p / "1", cout))
-    })
+fn downsample(p: nn::Path, cin: i64, cout: i64, stride: i64, avg: bool) -> Option<nn::SequentialT> {
+    if stride == 1 && cin == cout {
+        return None;
+    }
+    if !avg {
+        return Some(nn::seq_t().add(conv(&p / "0", cin, cout, 1, stride, 0)).add(bn(&p / "1", cout)));
+    }
+    // timm's downsample_avg: AvgPool2d(2, stride, ceil_mode, count_include_pad=False) (nothing
+    // at stride 1, its place `0` kept), then the 1×1 convolution and its norm.
+    let pool = nn::func(move |x| match stride {
+        1 => x.shallow_clone(),
+        s => x.avg_pool2d([2, 2], [s, s], [0, 0], true, false, None),
+    });
+    Some(nn::seq_t().add(pool).add(conv(&p / "1", cin, cout, 1, 1, 0)).add(bn(&p / "2", cout)))
 }
 
 fn shortcut(ds: &Option<nn::SequentialT>, x: &Tensor, train: bool) -> Tensor {
@@ -83,12 +97,12 @@ fn shortcut(ds: &Option<nn::SequentialT>, x: &Tensor, train: bool) -> Tensor {
     }
 }
 
-fn basic_block(p: nn::Path, cin: i64, planes: i64, stride: i64, o: BlockOptions) -> impl ModuleT {
+fn basic_block(p: nn::Path, cin: i64, planes: i64, stride: i64, spec: &ResNetSpec, o: BlockOptions) -> impl ModuleT {
     let c1 = conv(&p / "conv1", cin, planes, 3, stride, 1);
     let b1 = bn(&p / "bn1", planes).fused(o.fused_norm);
     let c2 = conv(&p / "conv2", planes, planes, 3, 1, 1);
     let b2 = bn(&p / "bn2", planes).fused(o.fused_norm);
-    let ds = downsample(&p / "downsample", cin, planes, stride);
+    let ds = downsample(&p / "downsample", cin, planes, stride, spec.resnet_d);
     nn::func_t(move |x, train| {
         let y = b1.forward_relu(&x.apply(&c1), None, train).apply(&c2);
         b2.forward_relu(&y, Some(&shortcut(&ds, x, train)), train)
@@ -104,7 +118,7 @@ fn bottleneck(p: nn::Path, cin: i64, planes: i64, stride: i64, spec: &ResNetSpec
     let b2 = bn(&p / "bn2", width).fused(o.fused_norm);
     let c3 = conv(&p / "conv3", width, out, 1, 1, 0);
     let b3 = bn(&p / "bn3", out).fused(o.fused_norm);
-    let ds = downsample(&p / "downsample", cin, out, stride);
+    let ds = downsample(&p / "downsample", cin, out, stride, spec.resnet_d);
     nn::func_t(move |x, train| {
         let y = b1.forward_relu(&x.apply(&c1), None, train).apply(&c2);
         let y = b2.forward_relu(&y, None, train).apply(&c3);
@@ -114,10 +128,24 @@ fn bottleneck(p: nn::Path, cin: i64, planes: i64, stride: i64, spec: &ResNetSpec
 
 pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64, o: BlockOptions) -> (nn::FuncT<'static>, LayerMap) {
     let w = spec.widths;
-    let (c1, mut layers_seq) = if spec.cifar_stem {
-        (conv(p / "conv1", 3, w[0], 3, 1, 1), Vec::new())
+    let mut layers_seq = Vec::new();
+    let c1: Box<dyn ModuleT> = if spec.cifar_stem {
+        Box::new(conv(p / "conv1", 3, w[0], 3, 1, 1))
+    } else if spec.resnet_d {
+        // timm's deep stem: 3×3 convolutions to half, half, then all of the first width.
+        let (s, half) = (p / "conv1", w[0] / 2);
+        Box::new(
+            nn::seq_t()
+                .add(conv(&s / 0, 3, half, 3, 2, 1))
+                .add(bn(&s / 1, half))
+                .add_fn(|x| x.relu())
+                .add(conv(&s / 3, half, half, 3, 1, 1))
+                .add(bn(&s / 4, half))
+                .add_fn(|x| x.relu())
+                .add(conv(&s / 6, half, w[0], 3, 1, 1)),
+        )
     } else {
-        (conv(p / "conv1", 3, w[0], 7, 2, 3), Vec::new())
+        Box::new(conv(p / "conv1", 3, w[0], 7, 2, 3))
     };
     let b1 = bn(p / "bn1", w[0]).fused(o.fused_norm);
     let mut cin = w[0];
@@ -130,7 +158,7 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64, o: BlockOptions
             let bp = &lp / bi;
             map.blocks.push(vec![format!("layer{}.{bi}", li + 1)]);
             seq = match spec.block {
-                Block::Basic => seq.add(basic_block(bp, cin, planes, stride, o)),
+                Block::Basic => seq.add(basic_block(bp, cin, planes, stride, spec, o)),
                 Block::Bottleneck => seq.add(bottleneck(bp, cin, planes, stride, spec, o)),
             };
             cin = planes * spec.block.expansion();
@@ -140,7 +168,7 @@ pub fn resnet(p: &nn::Path, spec: &ResNetSpec, num_classes: i64, o: BlockOptions
     let fc = super::torch_linear(p / "fc", cin, num_classes);
     let cifar = spec.cifar_stem;
     let net = nn::func_t(move |x, train| {
-        let mut y = b1.forward_relu(&x.apply(&c1), None, train);
+        let mut y = b1.forward_relu(&c1.forward_t(x, train), None, train);
         if !cifar {
             y = y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
         }

@@ -150,6 +150,7 @@ impl TrainData {
                     std: cfg.std3(),
                 }),
                 pad: cfg.crop_padding,
+                interpolation: cfg.interpolation(),
             },
             // A last batch of one image would break BatchNorm's training statistics: drop only
             // that. Padded shards are equal, so every rank takes the same number of steps.
@@ -169,10 +170,7 @@ impl TrainData {
         }
         let mut val = Loader::new(
             val_samples,
-            Transform::Eval {
-                size: cfg.img_size,
-                resize: cfg.eval_resize(),
-            },
+            cfg.eval_transform(),
             LoaderOptions {
                 shard: shard(false),
                 ..base

@@ -98,7 +98,7 @@ pub fn ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
 pub fn eval_batches(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<(Vec<u8>, Vec<i64>)> {
     use ringtrain::data::load::loader::{Loader, LoaderOptions};
     let set = ringtrain::data::source::Dataset::open(spec, "--data").unwrap();
-    let t = ringtrain::data::augment::transform::Transform::Eval { size: 48, resize: 56 };
+    let t = ringtrain::data::augment::transform::Transform::Eval { size: 48, resize: 56, interpolation: Default::default() };
     let l = Loader::new(set.samples, t, LoaderOptions::in_order(5, 2)).unwrap();
     l.epoch(0)
         .map(|b| {
@@ -121,6 +121,7 @@ pub fn train_samples(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<
         hflip: true,
         erase: None,
         pad: None,
+        interpolation: Default::default(),
     };
     let o = LoaderOptions {
         shuffle: true,

@@ -98,6 +98,8 @@ def hostile(out, marker):
     bad = dict(state)
     bad["conv1.weight"] = calls["system"]
     torch.save(bad, f"{out}/weight.pth")
+    torch.save({"conv1.weight": calls["system"]}, f"{out}/only_call.pth")
+    torch.save({"epoch": 3, "lr": 0.1}, f"{out}/no_tensors.pth")
 
     torch.save(state, f"{out}/whole.pth")
     data = open(f"{out}/whole.pth", "rb").read()

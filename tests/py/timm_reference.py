@@ -2,6 +2,11 @@
 
     timm_reference.py mixup DIR    DIR/cases.json + DIR/in.safetensors -> DIR/out.safetensors
     timm_reference.py soft-ce DIR  DIR/in.safetensors (logits, target) -> DIR/out.safetensors (loss)
+    timm_reference.py eval-transform DIR  timm's evaluation transform for the pretrained_cfg in
+        DIR/cfg.json, as `timm.data.create_transform(**timm.data.resolve_data_config({},
+        pretrained_cfg=cfg))` makes it, of each image file listed in DIR/files.json (opened by
+        PIL, convert("RGB")) -> DIR/out.safetensors (float CHW tensors keyed by index); prints
+        the transform
 
 For mixup, timm draws its random numbers through numpy's global functions; those are replaced by
 the Rust side's draws (checking the arguments timm asks with), so timm's code decides lambda,
@@ -91,5 +96,17 @@ def soft_ce(d):
     save_file({"loss": loss.reshape(1).contiguous()}, d / "out.safetensors")
 
 
+def eval_transform(d):
+    import timm.data
+    from PIL import Image
+
+    cfg = json.loads((d / "cfg.json").read_text())
+    tf = timm.data.create_transform(**timm.data.resolve_data_config({}, pretrained_cfg=cfg))
+    files = json.loads((d / "files.json").read_text())
+    out = {str(i): tf(Image.open(f).convert("RGB")).contiguous() for i, f in enumerate(files)}
+    save_file(out, str(d / "out.safetensors"))
+    print(tf)
+
+
 if __name__ == "__main__":
-    {"mixup": mixup, "soft-ce": soft_ce}[sys.argv[1]](Path(sys.argv[2]))
+    {"mixup": mixup, "soft-ce": soft_ce, "eval-transform": eval_transform}[sys.argv[1]](Path(sys.argv[2]))

@@ -26,7 +26,8 @@
   torchvision_reference.py transforms IMAGES JOBS OUT   torchvision's transforms on PIL images
       made from the uint8 HWC tensors in IMAGES (safetensors), one per job of the JSON list JOBS:
       {"image", "box": [top, left, height, width], "size"} is RandomResizedCrop's resized_crop,
-      {"image", "resize", "size"} is Resize + CenterCrop (both bilinear, antialiased); the
+      {"image", "resize", "size"} is Resize + CenterCrop, each with the job's "interpolation"
+      (bilinear, bicubic or nearest; bilinear when absent; antialiased, as on any PIL image); the
       outputs as uint8 HWC tensors in OUT, keyed by job index
   torchvision_reference.py jpeg_variants SRC OUTDIR   SRC saved by PIL as a grayscale JPEG
       (OUTDIR/gray.jpg) and as a CMYK JPEG (OUTDIR/cmyk.jpg), both at size 96
@@ -187,7 +188,8 @@ def predict_logits(ckpt_dir, csv_path):
     m = getattr(torchvision.models, st["model"])(num_classes=len(st["classes"]))
     m.load_state_dict(load_file(f"{ckpt_dir}/model.safetensors"), strict=True)
     m.eval()
-    tf = T.Compose([T.Resize(st["eval_resize"]), T.CenterCrop(st["img_size"]), T.ToTensor(),
+    mode = T.InterpolationMode(st.get("interpolation", "bilinear"))
+    tf = T.Compose([T.Resize(st["eval_resize"], mode), T.CenterCrop(st["img_size"]), T.ToTensor(),
                     T.Normalize(st["mean"], st["std"])])
     rows = list(csv.DictReader(open(csv_path)))
     x = torch.stack([tf(Image.open(r["path"]).convert("RGB")) for r in rows])
@@ -248,11 +250,12 @@ def transforms(images, jobs, out):
     for i, job in enumerate(json.load(open(jobs))):
         img = Image.fromarray(images[job["image"]].numpy())
         size = job["size"]
+        mode = T.InterpolationMode(job.get("interpolation", "bilinear"))
         if "box" in job:
             top, left, h, w = job["box"]
-            result = F.resized_crop(img, top, left, h, w, [size, size], T.InterpolationMode.BILINEAR, antialias=True)
+            result = F.resized_crop(img, top, left, h, w, [size, size], mode, antialias=True)
         else:
-            result = T.CenterCrop(size)(T.Resize(job["resize"])(img))
+            result = T.CenterCrop(size)(T.Resize(job["resize"], mode, antialias=True)(img))
         tensors[str(i)] = torch.from_numpy(np.asarray(result).copy())
     save_file(tensors, out)
 

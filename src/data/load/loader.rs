@@ -454,6 +454,7 @@ impl Iterator for EpochIter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::augment::transform::Interpolation;
 
     fn folder(n_per_class: usize) -> (tempfile::TempDir, Vec<(PathBuf, usize)>) {
         let d = tempfile::tempdir().unwrap();
@@ -494,6 +495,7 @@ mod tests {
             hflip: true,
             erase: None,
             pad: None,
+            interpolation: Interpolation::Bilinear,
         };
         let opts = |workers| LoaderOptions {
             shuffle: true,
@@ -531,7 +533,11 @@ mod tests {
     #[test]
     fn pinned_memory_falls_back_to_ordinary_memory_without_a_gpu() {
         let (_d, samples) = folder(3);
-        let t = Transform::Eval { size: 8, resize: 9 };
+        let t = Transform::Eval {
+            size: 8,
+            resize: 9,
+            interpolation: Interpolation::Bilinear,
+        };
         let opts = |pin_memory| LoaderOptions {
             prefetch: 2,
             skip_unreadable: false,
@@ -545,7 +551,11 @@ mod tests {
     #[test]
     fn drop_last_and_unshuffled_order() {
         let (_d, samples) = folder(5);
-        let t = Transform::Eval { size: 8, resize: 9 };
+        let t = Transform::Eval {
+            size: 8,
+            resize: 9,
+            interpolation: Interpolation::Bilinear,
+        };
         let l = Loader::new(
             samples,
             t,
@@ -574,7 +584,11 @@ mod tests {
             skip_unreadable: skip,
             ..LoaderOptions::in_order(10, 2)
         };
-        let t = Transform::Eval { size: 8, resize: 8 };
+        let t = Transform::Eval {
+            size: 8,
+            resize: 8,
+            interpolation: Interpolation::Bilinear,
+        };
         let l = Loader::new(samples.clone(), t.clone(), opts(true)).unwrap();
         let b = l.epoch(0).next().unwrap().unwrap();
         assert_eq!(b.indices, vec![0, 2, 3, 4, 5, 6]);
@@ -589,7 +603,11 @@ mod tests {
     #[test]
     fn shards_partition_the_epoch_like_distributed_sampler() {
         let samples: Vec<(PathBuf, usize)> = (0..10).map(|i| (PathBuf::from(format!("{i}")), 0)).collect();
-        let t = Transform::Eval { size: 8, resize: 8 };
+        let t = Transform::Eval {
+            size: 8,
+            resize: 8,
+            interpolation: Interpolation::Bilinear,
+        };
         let make = |shard| {
             Loader::new(
                 samples.clone(),

@@ -5,9 +5,17 @@
 //! (seed, epoch, index), so a batch differs from the host pipeline's only in its resampling.
 //!
 //! - RandomResizedCrop + flip: images stored as decoded, each at the top-left of a canvas as
-//!   large as the largest; one `affine_grid` + `grid_sample` (bilinear) per batch maps every
-//!   output pixel to its box, sample points clamped inside the box as cutting it out first
-//!   does. Not antialiased: a box shrunk more than twofold aliases where PIL would average.
+//!   large as the largest. By `--interpolation`:
+//!   - bilinear: one `affine_grid` + `grid_sample` per batch maps every output pixel to its
+//!     box, sample points clamped inside the box as cutting it out first does. Not
+//!     antialiased: a box shrunk more than twofold aliases where PIL would average.
+//!   - bicubic: each box cut out and resized by torch's antialiased bicubic interpolation
+//!     (`interpolate(..., antialias=True)`, PIL's filter), across then down, each pass rounded
+//!     and clamped to 0..255 as PIL's: within 1 level of the host's crops, at the cost of two
+//!     resizes per image instead of one per batch. (`grid_sample`'s bicubic is not PIL's: a =
+//!     -0.75, no antialiasing, and its taps reach past the box into the canvas.)
+//!   - nearest: one gather of the source pixels the host takes (`Transform::nearest_indices`):
+//!     the host's exact pixels.
 //! - CIFAR's padded RandomCrop + flip: images stored resized to the output size (as the host
 //!   does before its crop); the crop and flip are one gather from the zero-padded batch, exactly
 //!   the host's pixels.
@@ -24,7 +32,7 @@ use tch::{Device, Kind, Tensor};
 use super::normalize::Normalizer;
 use super::sample::{load_sample, Batch};
 use crate::bail_user;
-use crate::data::augment::transform::{Moves, Transform};
+use crate::data::augment::transform::{Interpolation, Moves, Transform};
 use crate::data::pixels::CropBox;
 use crate::data::source::{Samples, Stored};
 use crate::seeds;
@@ -152,8 +160,8 @@ impl DeviceSet {
     }
 
     /// The batch of samples `indices` in `epoch`: images [B,3,S,S] f32, normalised (or uint8
-    /// NHWC for the padded crop and evaluation, which the consumer normalises as any uint8
-    /// batch), labels on the device.
+    /// NHWC for the padded crop, nearest-neighbour crops and evaluation, which the consumer
+    /// normalises as any uint8 batch), labels on the device.
     pub fn batch(&self, indices: &[usize], epoch: u64) -> Batch {
         let kept: Vec<usize> = indices
             .iter()
@@ -181,9 +189,16 @@ impl DeviceSet {
                 let moves: Vec<_> = draws().map(|d| d.1).collect();
                 shift_and_flip(&images, &moves, pad as i64, size)
             }
-            Transform::Train { pad: None, .. } => {
+            Transform::Train { pad: None, interpolation, .. } => {
                 let draws: Vec<_> = draws().collect();
-                self.normalize.apply_pixels(&resized_crops(&images, &draws, size))
+                match interpolation {
+                    Interpolation::Bilinear => self.normalize.apply_pixels(&resized_crops(&images, &draws, size)),
+                    Interpolation::Bicubic => self.normalize.apply_pixels(&antialiased_crops(&images, &draws, size)),
+                    Interpolation::Nearest => {
+                        let sizes: Vec<_> = kept.iter().map(|&i| self.sizes[i]).collect();
+                        nearest_crops(&images, &self.transform, &draws, &sizes)
+                    }
+                }
             }
         };
         Batch {
@@ -215,8 +230,8 @@ fn prepare(samples: &Samples, i: usize, t: &Transform, canvas: bool, whole_jpeg:
         // The resize that precedes the padded crop: the whole image to size×size, decoded as
         // the host decodes it (a JPEG at 1/8 size when that still holds the output's pixels).
         Transform::Train { .. } => {
-            let (img, whole) = decode(samples, i, (!whole_jpeg).then_some(size))?;
-            crate::data::augment::transform::resize_box_into((&img).into(), whole, size, &mut out)?;
+            let (img, whole) = decode(samples, i, t.jpeg_shrink_to().filter(|_| !whole_jpeg))?;
+            t.resize_into((&img).into(), whole, &mut out)?;
         }
         Transform::Eval { .. } => load_sample(samples, i, t, (0, 0), whole_jpeg, None, &mut out)?,
     }
@@ -292,4 +307,58 @@ fn resized_crops(canvas: &Tensor, draws: &[(CropBox, Moves)], size: i64) -> Tens
     let x = canvas.permute([0, 3, 1, 2]).to_kind(Kind::Float);
     // bilinear (0), border padding (1): the clamp keeps every point inside the image anyway.
     x.grid_sampler(&grid, 0, 1, false)
+}
+
+/// RandomResizedCrop + flip of uint8 [B,H,W,3] canvases with torch's antialiased bicubic
+/// interpolation (PIL's filter, as torchvision's `resized_crop` on tensors uses it): each box
+/// (whole pixels: the images are stored whole) cut out and resized on its own, in PIL's two
+/// passes. Returns f32 [B,3,S,S] in 0..255, whole numbers as the host's uint8 pixels.
+fn antialiased_crops(canvas: &Tensor, draws: &[(CropBox, Moves)], size: i64) -> Tensor {
+    let crops: Vec<Tensor> = draws
+        .iter()
+        .enumerate()
+        .map(|(k, (bx, m))| {
+            let crop = canvas
+                .get(k as i64)
+                .narrow(0, bx.top as i64, bx.height as i64)
+                .narrow(1, bx.left as i64, bx.width as i64)
+                .permute([2, 0, 1])
+                .unsqueeze(0)
+                .to_kind(Kind::Float);
+            // Across, then down, each pass rounded (half up) and clamped to 0..255 as PIL's: a
+            // bicubic overshoot is clamped between the passes, not carried into the second.
+            let pass = |x: &Tensor, h: i64| {
+                (x.internal_upsample_bicubic2d_aa([h, size], false, None, None) + 0.5)
+                    .floor()
+                    .clamp(0.0, 255.0)
+            };
+            let r = pass(&pass(&crop, bx.height as i64), size);
+            if m.flip {
+                r.flip([3])
+            } else {
+                r
+            }
+        })
+        .collect();
+    Tensor::cat(&crops, 0)
+}
+
+/// RandomResizedCrop + flip of uint8 [B,H,W,3] canvases by nearest neighbour: one gather of the
+/// pixels the host takes (image b is `sizes[b]` in its canvas). Returns uint8 [B,S,S,3].
+fn nearest_crops(canvas: &Tensor, t: &Transform, draws: &[(CropBox, Moves)], sizes: &[(u32, u32)]) -> Tensor {
+    let (b, ch, cw) = (draws.len() as i64, canvas.size()[1], canvas.size()[2]);
+    let size = t.size() as usize;
+    let mut flat = Vec::with_capacity(draws.len() * size * size);
+    for (k, ((bx, m), &(w, h))) in draws.iter().zip(sizes).enumerate() {
+        let idx = t.nearest_indices(w, h, *bx);
+        for &y in &idx.rows {
+            for x in 0..size {
+                let sx = idx.cols[if m.flip { size - 1 - x } else { x }];
+                flat.push(k as i64 * ch * cw + y as i64 * cw + sx as i64);
+            }
+        }
+    }
+    let at = Tensor::from_slice(&flat).to_device(canvas.device());
+    let s = size as i64;
+    canvas.reshape([b * ch * cw, 3]).index_select(0, &at).view([b, s, s, 3])
 }

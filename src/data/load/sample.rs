@@ -44,7 +44,7 @@ pub fn load_sample(
     let (img, bx) = match stored {
         Stored::Raw(img) => (img, t.source_box(img.width, img.height, rng)),
         Stored::Encoded(bytes) => {
-            let shrink_to = (!whole_jpeg && cache.is_none()).then_some(t.size());
+            let shrink_to = t.jpeg_shrink_to().filter(|_| !whole_jpeg && cache.is_none());
             let (img, bx) = decode_bytes_for(&bytes, &samples.path(i), shrink_to, |w, h| t.source_box(w, h, rng))?;
             (RgbView::from(&*decoded.insert(img)), bx)
         }

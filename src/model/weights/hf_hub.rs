@@ -5,10 +5,10 @@
 //! A cached snapshot is used without asking the network; `HF_ENDPOINT` points elsewhere (a
 //! mirror, a test's server), as it does for `huggingface_hub`.
 //!
-//! Which families map: timm names the tensors of its ResNets (resnet18/34/50/101,
-//! resnext50_32x4d, wide_resnet50_2) exactly as torchvision does, with the same shapes, so they
-//! load as they are. timm's other families (its ViTs, ConvNeXts, EfficientNets, RegNets) name and
-//! shape theirs their own way and are refused by name.
+//! Which architectures load: those `ringtrain models` lists under timm's names or with timm's
+//! tensors (`model::timm`: ResNet and ResNet-D, ConvNeXt, EfficientNet B0–B3 and its `tf_`
+//! ports, MobileNetV3, ViT and DeiT, RegNetX/Y), as timm registers them: a config whose
+//! `model_args` or `global_pool` asks for another variant is refused by the option's name.
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
@@ -17,17 +17,7 @@ use serde::Deserialize;
 use super::download::{self, Expect};
 use super::EvalTransform;
 use crate::bail_user;
-use crate::model::ModelKind;
-
-/// timm architectures whose state_dict is torchvision's (names and shapes).
-const SAME_AS_TORCHVISION: &[ModelKind] = &[
-    ModelKind::ResNet18,
-    ModelKind::ResNet34,
-    ModelKind::ResNet50,
-    ModelKind::ResNet101,
-    ModelKind::ResNeXt50,
-    ModelKind::WideResNet50,
-];
+use crate::model::{timm, Arch, ModelKind};
 
 const WEIGHTS_FILE: &str = "model.safetensors";
 const CONFIG_FILE: &str = "config.json";
@@ -55,8 +45,7 @@ impl Repo {
     /// is one whose weights load here.
     pub fn model_by_name(&self) -> Option<ModelKind> {
         let name = self.0.split_once('/')?.1;
-        let arch = name.split('.').next()?;
-        SAME_AS_TORCHVISION.iter().copied().find(|k| k.name() == arch)
+        timm::kind_of_timm(name.split('.').next()?)
     }
 }
 
@@ -66,6 +55,12 @@ pub struct TimmConfig {
     pub architecture: String,
     #[serde(default)]
     pub pretrained_cfg: PretrainedCfg,
+    /// The head's pooling when the weights were saved with another than the architecture's.
+    #[serde(default)]
+    pub global_pool: Option<String>,
+    /// Arguments the model was created with beyond its registered ones.
+    #[serde(default)]
+    pub model_args: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -108,14 +103,13 @@ pub fn fetch(repo: &Repo) -> Result<HubFiles> {
         Ok(Err(e)) => bail_user!("{what}: {} is not timm's config.json ({e})", config_path.display()),
         Err(e) => bail_user!("{what}: cannot read {} ({e})", config_path.display()),
     };
-    if !SAME_AS_TORCHVISION.iter().any(|k| k.name() == config.architecture) {
-        let mapped: Vec<&str> = SAME_AS_TORCHVISION.iter().map(|k| k.name()).collect();
+    let Some(kind) = timm::kind_of_timm(&config.architecture) else {
         bail_user!(
-            "{what}: timm's {} names its tensors its own way; ringtrain reads timm's {} (whose names are torchvision's)",
-            config.architecture,
-            mapped.join(", ")
+            "{what}: ringtrain does not build timm's {}; it builds timm's ResNet(-D), ConvNeXt, EfficientNet, MobileNetV3, ViT, DeiT and RegNet models listed by ringtrain models",
+            config.architecture
         );
-    }
+    };
+    config.check_variant(kind, &what)?;
     let weights = file(repo, WEIGHTS_FILE, &what)?;
     Ok(HubFiles { weights, config })
 }
@@ -200,6 +194,33 @@ fn is_hex(s: &str) -> bool {
 }
 
 impl TimmConfig {
+    /// The weights are for `kind` as timm registers it: `model_args` may say the input size
+    /// (the evaluation transform carries it), the class count (the head is replaced anyway),
+    /// 3 input channels and the architecture's own pooling; any other option is refused.
+    fn check_variant(&self, kind: ModelKind, what: &str) -> Result<()> {
+        let own = match kind.arch() {
+            Arch::Vit(s) if !s.avg_pool => "token",
+            _ => "avg",
+        };
+        let fits = |k: &str, v: &serde_json::Value| match k {
+            "img_size" | "num_classes" => true,
+            "in_chans" => v.as_i64() == Some(3),
+            "global_pool" => v.as_str() == Some(own),
+            _ => false,
+        };
+        let other: Vec<String> = self.model_args.iter().filter(|(k, v)| !fits(k, v)).map(|(k, v)| format!("{k}={v}")).collect();
+        if !other.is_empty() {
+            bail_user!(
+                "{what}: these weights are timm's {kind} created with {}, an option ringtrain does not build (it builds {kind} as timm registers it: 3 channels, pooling '{own}')",
+                other.join(", ")
+            );
+        }
+        if let Some(pool) = self.global_pool.as_deref().filter(|p| *p != own) {
+            bail_user!("{what}: these weights are timm's {kind} with global_pool='{pool}', an option ringtrain does not build ({kind} pools '{own}')");
+        }
+        Ok(())
+    }
+
     /// timm's evaluation transform: `Resize(floor(size / crop_pct))` + `CenterCrop(size)`, its
     /// filter, mean and std.
     pub fn eval_transform(&self) -> Option<EvalTransform> {
@@ -227,6 +248,13 @@ mod tests {
             assert!(Repo::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(Repo::parse("timm/resnet50.a1_in1k").unwrap().model_by_name(), Some(ModelKind::ResNet50));
-        assert_eq!(Repo::parse("timm/vit_base_patch16_224.augreg_in1k").unwrap().model_by_name(), None);
+        assert_eq!(
+            Repo::parse("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k").unwrap().model_by_name(),
+            Some(ModelKind::VitBase16)
+        );
+        assert_eq!(Repo::parse("timm/convnext_tiny.fb_in22k_ft_in1k").unwrap().model_by_name(), Some(ModelKind::ConvNextTiny));
+        assert_eq!(Repo::parse("timm/vit_b_16").unwrap().model_by_name(), None);
+        assert_eq!(Repo::parse("timm/mobilenet_v3_large").unwrap().model_by_name(), None);
+        assert_eq!(Repo::parse("timm/swin_tiny_patch4_window7_224.ms_in1k").unwrap().model_by_name(), None);
     }
 }

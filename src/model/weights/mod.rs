@@ -1,9 +1,9 @@
-//! Where `--pretrained` weights come from, read into one state_dict with torchvision's names:
+//! Where `--pretrained` weights come from, read into one state_dict (torchvision's or timm's names):
 //! - a file: safetensors, or a PyTorch checkpoint (`pth`: read without unpickling);
 //! - `torchvision:NAME`: torchvision's published ImageNet weights (`torchvision`), from the
 //!   torch hub cache or downloaded into it (`download`);
-//! - `hf-hub:ORG/NAME`: timm's weights on the Hugging Face hub where their names are
-//!   torchvision's (`hf_hub`).
+//! - `hf-hub:ORG/NAME`: timm's weights on the Hugging Face hub (`hf_hub`), under timm's names
+//!   (`model::timm` maps them).
 //! Published weights also say how they were evaluated: their input size and resize become the
 //! run's defaults.
 pub mod download;
@@ -150,7 +150,7 @@ impl WeightsSource {
         if let Some(k) = key {
             bail_user!("--pretrained-key {k}: {} is a safetensors file, which has no keys to choose from", path.display());
         }
-        let weights = match Tensor::read_safetensors(&path) {
+        let weights: StateDict = match Tensor::read_safetensors(&path) {
             Ok(v) => v.into_iter().map(|(k, t)| (pth::strip_wrappers(&k).to_string(), t)).collect(),
             Err(e) => bail_user!(
                 "--pretrained {}: not a readable safetensors file ({})",
@@ -158,6 +158,9 @@ impl WeightsSource {
                 crate::error::first_line(&e.to_string())
             ),
         };
+        if weights.is_empty() {
+            bail_user!("--pretrained {}: a safetensors file with no tensors, so no weights", path.display());
+        }
         Ok(Loaded { weights, path, key: None, others: Vec::new(), eval })
     }
 }

@@ -116,6 +116,12 @@ pub fn read(path: &Path, key: Option<&str>) -> Result<Checkpoint> {
             .map_err(|e| crate::error::user_error(format!("--pretrained {shown}: {name}: {e}")))?;
         weights.insert(strip_wrappers(name).to_string(), tensor);
     }
+    if weights.is_empty() {
+        let keys = sorted_keys(dict);
+        let found: Vec<String> = keys.iter().take(4).map(|k| format!("{k}: {}", type_name(&dict[*k]))).collect();
+        let more = if keys.len() > 4 { format!(", … ({} entries)", keys.len()) } else { String::new() };
+        bail_user!("--pretrained {shown}: holds no tensors, so no weights (it holds {}{more})", if found.is_empty() { "an empty dict".to_string() } else { found.join(", ") });
+    }
     let others = WEIGHT_KEYS
         .iter()
         .filter(|k| Some(**k) != chosen.as_deref() && top.get(**k).is_some_and(holds_tensors))

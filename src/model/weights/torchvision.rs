@@ -62,6 +62,8 @@ pub const WEIGHTS: &[Weights] = &[
     w(WideResNet50, "IMAGENET1K_V2", true, "wide_resnet50_2-9ba9bcbe.pth", 224, 232, Bilinear, 81.602),
     w(ConvNextTiny, "IMAGENET1K_V1", true, "convnext_tiny-983f1562.pth", 224, 236, Bilinear, 82.52),
     w(ConvNextSmall, "IMAGENET1K_V1", true, "convnext_small-0c510722.pth", 224, 230, Bilinear, 83.616),
+    w(ConvNextBase, "IMAGENET1K_V1", true, "convnext_base-6075fbad.pth", 224, 232, Bilinear, 84.062),
+    w(ConvNextLarge, "IMAGENET1K_V1", true, "convnext_large-ea097f82.pth", 224, 232, Bilinear, 84.414),
     w(EfficientNetB0, "IMAGENET1K_V1", true, "efficientnet_b0_rwightman-7f5810bc.pth", 224, 256, Bicubic, 77.692),
     w(EfficientNetB1, "IMAGENET1K_V1", false, "efficientnet_b1_rwightman-bac287d4.pth", 240, 256, Bicubic, 78.642),
     w(EfficientNetB1, "IMAGENET1K_V2", true, "efficientnet_b1-c27df63c.pth", 240, 255, Bilinear, 79.838),

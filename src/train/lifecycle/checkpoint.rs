@@ -14,6 +14,7 @@ use tch::Tensor;
 use crate::atomic;
 use crate::bail_user;
 use crate::config::TrainConfig;
+use crate::data::augment::transform::{Interpolation, Transform};
 use crate::model::weights::write_tensors;
 use crate::model::{Model, ModelKind, ModelOptions};
 use crate::report::metrics_csv::EpochRow;
@@ -34,6 +35,9 @@ pub struct CheckpointState {
     pub classes: Vec<String>,
     pub img_size: u32,
     pub eval_resize: u32,
+    /// The resize filter (checkpoints from before `--interpolation` resized bilinear).
+    #[serde(default)]
+    pub interpolation: Interpolation,
     pub mean: Vec<f64>,
     pub std: Vec<f64>,
     /// Epochs completed (1-based count).
@@ -87,6 +91,7 @@ impl CheckpointState {
             classes: classes.to_vec(),
             img_size: cfg.img_size,
             eval_resize: cfg.eval_resize(),
+            interpolation: cfg.interpolation(),
             mean: cfg.mean.clone(),
             std: cfg.std.clone(),
             epoch: epochs_done,
@@ -125,6 +130,16 @@ impl CheckpointState {
 
     pub fn std3(&self) -> [f64; 3] {
         [self.std[0], self.std[1], self.std[2]]
+    }
+
+    /// The run's evaluation transform, with `interpolation` for its filter when given
+    /// (`--interpolation` of eval and predict), else the run's.
+    pub fn eval_transform(&self, interpolation: Option<Interpolation>) -> Transform {
+        Transform::Eval {
+            size: self.img_size,
+            resize: self.eval_resize,
+            interpolation: interpolation.unwrap_or(self.interpolation),
+        }
     }
 }
 

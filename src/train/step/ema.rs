@@ -19,6 +19,7 @@ impl Ema {
     /// Starts the average at the model's current weights.
     pub fn new(model: &Model, num_classes: i64, decay: f64) -> Result<Self> {
         let mut ema = Model::build(model.kind, num_classes, model.vs.device(), model.opts);
+        ema.names = model.names;
         let (src, dst) = (model.vs.variables(), ema.vs.variables());
         let mut names: Vec<&String> = src.keys().collect();
         names.sort();

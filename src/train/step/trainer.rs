@@ -116,12 +116,16 @@ impl Trainer {
         let device = pg.device;
         tch::manual_seed(seeds::init(cfg.seed));
         let mut model = Model::build(cfg.model, num_classes, device, model_options(cfg, device));
+        // A run from timm's weights (a resumed one too) hands timm back its names.
+        if matches!(cfg.pretrained, Some(WeightsSource::HfHub(_))) && crate::model::timm::has_timm_names(model.kind) {
+            model.names = crate::model::Names::Timm;
+        }
         if cfg.zero_init_residual {
             model.zero_init_residual();
         }
         if let Some(source) = pretrained {
             let file = source.read(cfg.pretrained_key.as_deref())?;
-            let r = model.load_pretrained(&file.weights, &source.to_string())?;
+            let r = model.load_pretrained(&file.weights, &source.to_string(), cfg.pretrained_partial)?;
             let mut from = match &file.key {
                 Some(k) => format!("from {} [{k}]", file.path.display()),
                 None => format!("from {}", file.path.display()),
@@ -129,15 +133,22 @@ impl Trainer {
             if !matches!(source, WeightsSource::File(_)) {
                 from = format!("of {source} {from}");
             }
+            let named = |v: &[String]| v.iter().map(|n| model.file_name(n)).collect::<Vec<_>>();
             say!(
-                "pretrained: {} tensors {from}; re-initialised head {:?}; missing {:?}; unexpected {:?}",
+                "pretrained: {} tensors {from} ({} names); re-initialised head {:?}; missing {:?}; unexpected {:?}",
                 r.loaded,
-                r.reinitialized_head,
-                r.missing,
+                r.names.unwrap_or(crate::model::Names::Torchvision),
+                named(&r.reinitialized_head),
+                named(&r.missing),
                 r.unexpected
             );
-            if file.eval.as_ref().is_some_and(|t| t.bicubic) {
-                say!("pretrained: these weights were evaluated with bicubic resizing; ringtrain resizes bilinear (antialiased), which can cost a little accuracy before fine-tuning");
+            if let Some(t) = &file.eval {
+                let (theirs, ours) = (crate::config::published_interpolation(t), cfg.interpolation());
+                if theirs == ours {
+                    say!("pretrained: resizing {ours}, as these weights were evaluated");
+                } else {
+                    say!("pretrained: these weights were evaluated with {theirs} resizing; --interpolation {ours} resizes otherwise, which can cost a little accuracy before fine-tuning");
+                }
             }
             if let Some(p) = &r.prefix {
                 say!("pretrained: every name began with {p}, taken off");
