@@ -464,11 +464,7 @@ impl TrainConfig {
 
     /// The evaluation transform: Resize(eval_resize) + CenterCrop(img_size) with the filter.
     pub fn eval_transform(&self) -> Transform {
-        Transform::Eval {
-            size: self.img_size,
-            resize: self.eval_resize(),
-            interpolation: self.interpolation(),
-        }
+        Transform::eval(self.img_size, self.eval_resize(), self.interpolation())
     }
 
     /// Mixup/CutMix settings when either is on.

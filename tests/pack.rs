@@ -57,15 +57,7 @@ fn packed(data: &Path, out: &Path, store: Store, max_side: Option<u32>) -> PathB
 }
 
 fn train_transform(size: u32) -> Transform {
-    Transform::Train {
-        size,
-        scale: (0.08, 1.0),
-        ratio: (0.75, 4.0 / 3.0),
-        hflip: true,
-        erase: None,
-        pad: None,
-        interpolation: Interpolation::Bilinear,
-    }
+    Transform::random_resized_crop(size, Interpolation::Bilinear)
 }
 
 fn options(workers: usize) -> LoaderOptions {
@@ -126,11 +118,7 @@ fn an_encoded_pack_gives_the_folders_batches_bit_for_bit() {
     let set = Dataset::open(&p, "--data").unwrap();
     assert_eq!(set.classes, ["class0", "class1", "class2"]);
     assert_eq!(set.len(), 21);
-    let eval = Transform::Eval {
-        size: 32,
-        resize: 36,
-        interpolation: Interpolation::Bilinear,
-    };
+    let eval = Transform::eval(32, 36, Interpolation::Bilinear);
     for t in [train_transform(32), eval] {
         let want = batches(&loader(&data, &t, options(2)), &[0, 1]);
         assert!(want == batches(&loader(&p, &t, options(2)), &[0, 1]), "{t:?}");
@@ -166,11 +154,7 @@ fn a_raw_pack_is_the_folder_decoded_once() {
         .filter(|r| (r.width, r.height) == (64, 48))
         .count();
     assert_eq!(shrunk, 3, "640×480 → 64×48, torchvision's Resize(48)");
-    let eval = Transform::Eval {
-        size: 32,
-        resize: 36,
-        interpolation: Interpolation::Bilinear,
-    };
+    let eval = Transform::eval(32, 36, Interpolation::Bilinear);
     let (mean, worst) = difference(
         &batches(&loader(&data, &eval, whole(2)), &[0]),
         &batches(&loader(&small, &eval, options(2)), &[0]),
@@ -345,11 +329,7 @@ fn device_side_padded_crops_and_evaluation_equal_the_host_pipeline() {
             pad: Some(4),
             interpolation,
         };
-        let eval = Transform::Eval {
-            size: 24,
-            resize: 28,
-            interpolation,
-        };
+        let eval = Transform::eval(24, 28, interpolation);
         for t in [pad, eval] {
             let host = batches(&loader(&data, &t, options(2)), &[0, 1, 2]);
             let mut l = loader(&data, &t, options(2));
@@ -376,15 +356,7 @@ fn device_side_bicubic_and_nearest_crops_follow_the_host_pipeline() {
         _ => x,
     };
     for interpolation in [Interpolation::Bicubic, Interpolation::Nearest] {
-        let t = Transform::Train {
-            size: 24,
-            scale: (0.08, 1.0),
-            ratio: (0.75, 4.0 / 3.0),
-            hflip: true,
-            erase: None,
-            pad: None,
-            interpolation,
-        };
+        let t = Transform::random_resized_crop(24, interpolation);
         let host: Vec<Tensor> = loader(&data, &t, whole(2)).epoch(0).map(|b| nchw(b.unwrap().images)).collect();
         let mut l = loader(&data, &t, whole(2));
         l.put_on_device(&normalize).unwrap();

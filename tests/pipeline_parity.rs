@@ -352,16 +352,22 @@ fn crop_jobs(interpolation: Interpolation) -> Vec<Job> {
 /// order of passes on 16-bit pixels, `transform.rs`); nearest the very same pixels.
 #[test]
 fn bicubic_and_nearest_resized_crops_match_torchvision_for_the_same_box() {
+    bicubic_and_nearest_match_torchvision("crops", crop_jobs);
+}
+
+/// Bicubic within 1 level of torchvision's (0.25 on average), nearest neighbour its very pixels,
+/// for the jobs `jobs` makes with each filter.
+fn bicubic_and_nearest_match_torchvision(what: &str, jobs: fn(Interpolation) -> Vec<Job>) {
     for interpolation in [Interpolation::Bicubic, Interpolation::Nearest] {
-        let jobs = crop_jobs(interpolation);
+        let jobs = jobs(interpolation);
         let (worst, mean, exact) = summary(&against_torchvision(&jobs));
         eprintln!(
-            "{interpolation}: {} crops, {exact} identical to torchvision's; mean difference {mean:.4}, worst {worst} levels",
+            "{interpolation} {what}: {} images, {exact} identical to torchvision's; mean difference {mean:.4}, worst {worst} levels",
             jobs.len()
         );
         assert!(
             worst <= 1.0 && mean <= 0.25,
-            "{interpolation} crops differ from torchvision's: mean {mean:.4}, worst {worst} levels"
+            "{interpolation} {what} differ from torchvision's: mean {mean:.4}, worst {worst} levels"
         );
         if interpolation == Interpolation::Nearest {
             assert_eq!(exact, jobs.len(), "nearest neighbour takes other pixels than PIL's: worst {worst} levels");
@@ -393,11 +399,7 @@ fn eval_jobs(interpolation: Interpolation) -> Vec<Job> {
             jobs.push(Job {
                 file,
                 img,
-                transform: Transform::Eval {
-                    size,
-                    resize,
-                    interpolation,
-                },
+                transform: Transform::eval(size, resize, interpolation),
                 bx: None,
             });
         }
@@ -412,21 +414,7 @@ fn eval_jobs(interpolation: Interpolation) -> Vec<Job> {
 /// neighbour took a neighbouring column or row in 12 of the 24).
 #[test]
 fn bicubic_and_nearest_eval_transforms_match_torchvision_on_the_same_pixels() {
-    for interpolation in [Interpolation::Bicubic, Interpolation::Nearest] {
-        let jobs = eval_jobs(interpolation);
-        let (worst, mean, exact) = summary(&against_torchvision(&jobs));
-        eprintln!(
-            "{interpolation}: {} images, {exact} identical to torchvision's; mean difference {mean:.4}, worst {worst} levels",
-            jobs.len()
-        );
-        assert!(
-            worst <= 1.0 && mean <= 0.25,
-            "the {interpolation} evaluation transform differs from torchvision's: mean {mean:.4}, worst {worst} levels"
-        );
-        if interpolation == Interpolation::Nearest {
-            assert_eq!(exact, jobs.len(), "nearest neighbour takes other pixels than PIL's: worst {worst} levels");
-        }
-    }
+    bicubic_and_nearest_match_torchvision("evaluation transforms", eval_jobs);
 }
 
 /// Grayscale and CMYK JPEGs, written by PIL from a CIFAR-10 image, decode as PIL decodes them

@@ -182,17 +182,9 @@ fn fine_tuning_from_timm_weights_writes_a_model_timm_loads() {
 /// default weights.
 #[test]
 fn models_lists_timms_architectures_with_timms_parameter_counts() {
-    let o = common::ringtrain(&["models"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = String::from_utf8_lossy(&o.stdout);
-    let rows: HashMap<&str, Vec<&str>> = out
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|c| c.len() > 7 && (c[6] == "yes" || c[6] == "-"))
-        .map(|c| (c[0], c))
-        .collect();
-    let timm: Vec<&str> = rows.iter().filter(|(_, c)| c[6] == "yes").map(|(n, _)| *n).collect();
+    let (out, rows) = common::models_table();
+    // The hf-hub column: yes or -.
+    let timm: Vec<&str> = rows.iter().filter(|(_, c)| c[6] == "yes").map(|(n, _)| n.as_str()).collect();
     for (name, _) in CASES {
         assert!(timm.contains(name), "{name} not marked for hf-hub in:\n{out}");
     }
@@ -200,11 +192,11 @@ fn models_lists_timms_architectures_with_timms_parameter_counts() {
     args.extend(timm.iter().copied());
     let counts: serde_json::Value = serde_json::from_str(&common::run_python_script("timm_zoo.py", &args)).unwrap();
     for name in &timm {
-        let listed: i64 = rows[name][1].replace(',', "").parse().unwrap();
+        let listed: i64 = rows[*name][1].replace(',', "").parse().unwrap();
         assert_eq!(listed, counts[name]["parameters"].as_i64().unwrap(), "{name}: parameters listed by ringtrain models");
         let kind: ModelKind = name.parse().unwrap();
         if kind.is_timm() {
-            let size: i64 = rows[name][2].parse().unwrap();
+            let size: i64 = rows[*name][2].parse().unwrap();
             assert_eq!(size, counts[name]["input"].as_i64().unwrap(), "{name}: input size listed by ringtrain models");
         }
     }

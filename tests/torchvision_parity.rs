@@ -194,16 +194,7 @@ fn vit_position_embeddings_are_interpolated_as_torchvision_does() {
 /// classes) and, for torchvision's own, the crop size of its default weights as the input size.
 #[test]
 fn models_lists_every_architecture_with_torchvisions_parameter_count() {
-    let o = common::ringtrain(&["models"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = String::from_utf8_lossy(&o.stdout);
-    let rows: HashMap<&str, Vec<&str>> = out
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|c| !c.is_empty())
-        .map(|c| (c[0], c))
-        .collect();
+    let (out, rows) = common::models_table();
     for kind in ModelKind::ALL {
         assert!(rows.contains_key(kind.name()), "{kind} missing from:\n{out}");
     }
@@ -211,11 +202,11 @@ fn models_lists_every_architecture_with_torchvisions_parameter_count() {
     args.extend(MODELS);
     let counts: serde_json::Value = serde_json::from_str(&common::run_python(&args)).unwrap();
     for name in MODELS {
-        let listed: i64 = rows[name][1].replace(',', "").parse().unwrap();
+        let listed: i64 = rows[*name][1].replace(',', "").parse().unwrap();
         assert_eq!(listed, counts[name]["parameters"].as_i64().unwrap(), "{name}: parameters listed by ringtrain models");
         // The input size: the crop size of torchvision's default weights for this architecture.
         if let Some(want) = counts[name].get("input") {
-            let size: u64 = rows[name][2].parse().unwrap();
+            let size: u64 = rows[*name][2].parse().unwrap();
             assert_eq!(size, want.as_u64().unwrap(), "{name}: input size listed by ringtrain models");
         }
     }
@@ -299,11 +290,7 @@ fn decode_and_eval_resize_agree_with_pil_and_torchvision() {
     args.extend(files.iter().map(|p| p.to_str().unwrap().to_string()));
     common::run_python(&args.iter().map(|s| s.as_str()).collect::<Vec<_>>());
     let pil: HashMap<String, Tensor> = Tensor::read_safetensors(&out).unwrap().into_iter().collect();
-    let transform = ringtrain::data::augment::transform::Transform::Eval {
-        size,
-        resize,
-        interpolation: ringtrain::data::augment::transform::Interpolation::Bilinear,
-    };
+    let transform = ringtrain::data::augment::transform::Transform::eval(size, resize, ringtrain::data::augment::transform::Interpolation::Bilinear);
     let (mut worst_decode_jpeg, mut mean_decode_jpeg, mut jpegs) = (0.0f64, 0.0f64, 0);
     let (mut worst_resize, mut mean_resize) = (0.0f64, 0.0f64);
     for (i, f) in files.iter().enumerate() {

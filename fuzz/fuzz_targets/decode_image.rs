@@ -10,11 +10,7 @@ use ringtrain::data::decode::decode_bytes_for;
 fuzz_target!(|data: &[u8]| {
     // The output size varies with the input, so small sizes reach the scaled JPEG path.
     let size = 4 + data.len() as u32 % 61;
-    let t = Transform::Eval {
-        size,
-        resize: size + size / 8,
-        interpolation: Interpolation::Bilinear,
-    };
+    let t = Transform::eval(size, size + size / 8, Interpolation::Bilinear);
     let path = std::path::Path::new("fuzz-input");
     if let Ok((img, bx)) = decode_bytes_for(data, path, Some(size), |w, h| resize_center_crop_box(w, h, size + size / 8, size)) {
         let mut out = vec![0u8; (size * size * 3) as usize];

@@ -51,15 +51,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     let normalize = Normalizer::new(IMAGENET_MEAN, IMAGENET_STD, o.device).channels_last(o.channels_last);
     let mut loader = Loader::new(
         data.samples,
-        Transform::Train {
-            size: o.img_size,
-            scale: (0.08, 1.0),
-            ratio: (3.0 / 4.0, 4.0 / 3.0),
-            hflip: true,
-            erase: None,
-            pad: None,
-            interpolation: Interpolation::Bilinear,
-        },
+        Transform::random_resized_crop(o.img_size, Interpolation::Bilinear),
         LoaderOptions {
             shuffle: true,
             drop_last: true,

@@ -170,20 +170,8 @@ mod tests {
         big_jpeg(&p);
         let full = decode_rgb(&p).unwrap();
         for t in [
-            Transform::Eval {
-                size: 32,
-                resize: 36,
-                interpolation: Interpolation::Bilinear,
-            },
-            Transform::Train {
-                size: 32,
-                scale: (0.08, 1.0),
-                ratio: (0.75, 4.0 / 3.0),
-                hflip: true,
-                erase: None,
-                pad: None,
-                interpolation: Interpolation::Bilinear,
-            },
+            Transform::eval(32, 36, Interpolation::Bilinear),
+            Transform::random_resized_crop(32, Interpolation::Bilinear),
         ] {
             let (mut sum, mut worst, mut shrunk, n) = (0.0, 0u8, 0, 40);
             for i in 0..n {

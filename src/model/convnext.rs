@@ -5,7 +5,7 @@
 //! layer scales at 1e-6.
 use tch::nn::{self, ModuleT};
 
-use super::layers::{self, conv2d, conv_norm_act_init, linear, norm2d, stochastic_depth, ConvShape, NormKind, ZERO};
+use super::layers::{self, conv2d, conv_norm_act_init, conv_norm_renamed, linear, norm2d, stochastic_depth, ConvShape, NormKind, ZERO};
 use super::LayerMap;
 
 pub struct ConvNextSpec {
@@ -98,10 +98,6 @@ pub fn convnext(p: &nn::Path, spec: &ConvNextSpec, num_classes: i64, drop_path: 
 /// timm's name for the tensor ringtrain (torchvision) calls `name`; timm's layer scale
 /// (`gamma`) is a vector where torchvision's is [C, 1, 1].
 pub fn timm_name(name: &str) -> Option<String> {
-    let conv_or_norm = |rest: &str, names: [&str; 2]| -> Option<String> {
-        let (k, rest) = rest.split_once('.')?;
-        Some(format!("{}.{rest}", names[k.parse::<usize>().ok().filter(|k| *k < 2)?]))
-    };
     if let Some(rest) = name.strip_prefix("classifier.") {
         let (k, rest) = rest.split_once('.')?;
         return match k {
@@ -114,11 +110,11 @@ pub fn timm_name(name: &str) -> Option<String> {
     let (f, rest) = rest.split_once('.')?;
     let f: usize = f.parse().ok()?;
     if f == 0 {
-        return conv_or_norm(rest, ["stem.0", "stem.1"]);
+        return conv_norm_renamed(rest, "stem.0", "stem.1");
     }
     if f % 2 == 0 {
         let stage = f / 2;
-        return conv_or_norm(rest, ["downsample.0", "downsample.1"]).map(|r| format!("stages.{stage}.{r}"));
+        return conv_norm_renamed(rest, "downsample.0", "downsample.1").map(|r| format!("stages.{stage}.{r}"));
     }
     let stage = (f - 1) / 2;
     let (j, part) = rest.split_once('.')?;

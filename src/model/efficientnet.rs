@@ -6,7 +6,7 @@
 use tch::nn;
 
 use super::layers::{conv_norm_act, inverted_residual, linear, make_divisible, residual, Act, ConvShape};
-use super::layers::{InvertedResidual, NormKind, SeSpec, ZERO};
+use super::layers::{conv_norm_renamed, se_renamed, InvertedResidual, NormKind, SeSpec, ZERO};
 use super::LayerMap;
 
 #[derive(Debug, Clone, Copy)]
@@ -211,10 +211,6 @@ pub fn efficientnet(
 /// `conv_dw`, `bn2`, `se`, `conv_pwl`, `bn3`), one that does not its depthwise-separable block
 /// (`conv_dw`, `bn1`, `se`, `conv_pw`, `bn2`).
 pub fn timm_name(spec: &EfficientNetSpec, name: &str) -> Option<String> {
-    let pair = |rest: &str, conv: &str, bn: &str| -> Option<String> {
-        let (k, rest) = rest.split_once('.')?;
-        Some(format!("{}.{rest}", [conv, bn][k.parse::<usize>().ok().filter(|k| *k < 2)?]))
-    };
     if let Some(rest) = name.strip_prefix("classifier.1.") {
         return Some(format!("classifier.{rest}"));
     }
@@ -222,22 +218,22 @@ pub fn timm_name(spec: &EfficientNetSpec, name: &str) -> Option<String> {
     let (f, rest) = rest.split_once('.')?;
     let f: usize = f.parse().ok()?;
     if f == 0 {
-        return pair(rest, "conv_stem", "bn1");
+        return conv_norm_renamed(rest, "conv_stem", "bn1");
     }
     if f == spec.stages.len() + 1 {
-        return pair(rest, "conv_head", "bn2");
+        return conv_norm_renamed(rest, "conv_head", "bn2");
     }
     let stage = spec.stages.get(f - 1).filter(|s| matches!(s.block, BlockKind::MbConv))?;
     let (j, rest) = rest.split_once('.')?;
     let (k, r) = rest.strip_prefix("block.")?.split_once('.')?;
     let widens = stage.expand != 1.0;
     let part = match (k, widens) {
-        ("0", false) => pair(r, "conv_dw", "bn1")?,
-        ("1", false) | ("2", true) => format!("se.{}", r.replace("fc1.", "conv_reduce.").replace("fc2.", "conv_expand.")),
-        ("2", false) => pair(r, "conv_pw", "bn2")?,
-        ("0", true) => pair(r, "conv_pw", "bn1")?,
-        ("1", true) => pair(r, "conv_dw", "bn2")?,
-        ("3", true) => pair(r, "conv_pwl", "bn3")?,
+        ("0", false) => conv_norm_renamed(r, "conv_dw", "bn1")?,
+        ("1", false) | ("2", true) => se_renamed(r),
+        ("2", false) => conv_norm_renamed(r, "conv_pw", "bn2")?,
+        ("0", true) => conv_norm_renamed(r, "conv_pw", "bn1")?,
+        ("1", true) => conv_norm_renamed(r, "conv_dw", "bn2")?,
+        ("3", true) => conv_norm_renamed(r, "conv_pwl", "bn3")?,
         _ => return None,
     };
     Some(format!("blocks.{}.{j}.{part}", f - 1))

@@ -242,6 +242,24 @@ impl ModuleT for ConvNormAct {
     }
 }
 
+/// timm's name for `K.rest` of a `ConvNormAct` (convolution `0`, norm `1`): under `conv` or
+/// `norm` (each family's `timm_name`).
+pub fn conv_norm_renamed(rest: &str, conv: &str, norm: &str) -> Option<String> {
+    let (k, rest) = rest.split_once('.')?;
+    let layer = match k {
+        "0" => conv,
+        "1" => norm,
+        _ => return None,
+    };
+    Some(format!("{layer}.{rest}"))
+}
+
+/// timm's name for `rest` of a squeeze-excitation in EfficientNet's and MobileNetV3's blocks
+/// (`fc1`, `fc2` there `se.conv_reduce`, `se.conv_expand`).
+pub fn se_renamed(rest: &str) -> String {
+    format!("se.{}", rest.replace("fc1.", "conv_reduce.").replace("fc2.", "conv_expand."))
+}
+
 /// torchvision's `SqueezeExcitation`: `x · scale(fc2(act(fc1(avgpool(x)))))`, `fc1` and `fc2`
 /// 1×1 convolutions with biases.
 #[derive(Debug)]

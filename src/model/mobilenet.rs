@@ -7,7 +7,7 @@
 use tch::nn;
 
 use super::layers::{conv_norm_act, inverted_residual, linear, make_divisible, Act, ConvShape};
-use super::layers::{InvertedResidual, NormKind, SeSpec, ZERO};
+use super::layers::{conv_norm_renamed, se_renamed, InvertedResidual, NormKind, SeSpec, ZERO};
 use super::LayerMap;
 
 /// One row of torchvision's `inverted_residual_setting` (width multiplier 1).
@@ -174,10 +174,6 @@ pub fn mobilenet_v3(
 /// `bn1`, `se`, `conv_pw`, `bn2`), one that does an inverted residual (`conv_pw`, `bn1`,
 /// `conv_dw`, `bn2`, `se`, `conv_pwl`, `bn3`); the first Linear is `conv_head`, [O, I, 1, 1].
 pub fn timm_name(spec: &MobileNetV3Spec, name: &str) -> Option<String> {
-    let pair = |rest: &str, conv: &str, bn: &str| -> Option<String> {
-        let (k, rest) = rest.split_once('.')?;
-        Some(format!("{}.{rest}", [conv, bn][k.parse::<usize>().ok().filter(|k| *k < 2)?]))
-    };
     if let Some(rest) = name.strip_prefix("classifier.") {
         let (k, rest) = rest.split_once('.')?;
         return match k {
@@ -190,11 +186,11 @@ pub fn timm_name(spec: &MobileNetV3Spec, name: &str) -> Option<String> {
     let (f, rest) = rest.split_once('.')?;
     let f: usize = f.parse().ok()?;
     if f == 0 {
-        return pair(rest, "conv_stem", "bn1");
+        return conv_norm_renamed(rest, "conv_stem", "bn1");
     }
     let last_stage = spec.timm_stages.len();
     if f == spec.rows.len() + 1 {
-        return pair(rest, "conv", "bn1").map(|r| format!("blocks.{last_stage}.0.{r}"));
+        return conv_norm_renamed(rest, "conv", "bn1").map(|r| format!("blocks.{last_stage}.0.{r}"));
     }
     let row = spec.rows.get(f - 1)?;
     // The row's stage and place in it.
@@ -214,12 +210,12 @@ pub fn timm_name(spec: &MobileNetV3Spec, name: &str) -> Option<String> {
         (true, false) => &["pw", "dw", "pwl"],
     };
     let part = match (*layers.get(k)?, widens) {
-        ("se", _) => format!("se.{}", r.replace("fc1.", "conv_reduce.").replace("fc2.", "conv_expand.")),
-        ("dw", false) => pair(r, "conv_dw", "bn1")?,
-        ("pw", false) => pair(r, "conv_pw", "bn2")?,
-        ("pw", true) => pair(r, "conv_pw", "bn1")?,
-        ("dw", true) => pair(r, "conv_dw", "bn2")?,
-        (_, _) => pair(r, "conv_pwl", "bn3")?,
+        ("se", _) => se_renamed(r),
+        ("dw", false) => conv_norm_renamed(r, "conv_dw", "bn1")?,
+        ("pw", false) => conv_norm_renamed(r, "conv_pw", "bn2")?,
+        ("pw", true) => conv_norm_renamed(r, "conv_pw", "bn1")?,
+        ("dw", true) => conv_norm_renamed(r, "conv_dw", "bn2")?,
+        (_, _) => conv_norm_renamed(r, "conv_pwl", "bn3")?,
     };
     Some(format!("blocks.{stage}.{j}.{part}"))
 }

@@ -263,16 +263,9 @@ impl Model {
             }
             _ => file,
         };
-        let names = timm::names_of(self, file);
-        r.names = Some(names);
-        let renamed;
-        let file = match names {
-            Names::Timm => {
-                renamed = timm::from_timm(self, file);
-                &renamed
-            }
-            Names::Torchvision => file,
-        };
+        let renamed = timm::from_timm(self, file);
+        r.names = Some(if renamed.is_some() { Names::Timm } else { Names::Torchvision });
+        let file = renamed.as_ref().unwrap_or(file);
         let mut names: Vec<&String> = vars.keys().collect();
         names.sort();
         tch::no_grad(|| -> Result<()> {
@@ -350,24 +343,23 @@ impl Model {
     /// The architecture of this family whose tensors (names and shapes, head aside) are those of
     /// `file` (ringtrain's names): what a file that does not fit was made for.
     fn guess_architecture(&self, file: &weights::StateDict) -> Option<ModelKind> {
-        let family = std::mem::discriminant(&self.kind.arch());
-        let signature = |sd: &mut dyn Iterator<Item = (String, Vec<i64>)>, head: &str| -> Vec<(String, Vec<i64>)> {
-            let mut v: Vec<(String, Vec<i64>)> =
-                sd.filter(|(k, _)| !k.starts_with(head) && !k.ends_with(".num_batches_tracked")).collect();
+        // One family, one head name.
+        let head = format!("{}.", self.head_prefix());
+        let signature = |tensors: &mut dyn Iterator<Item = (&String, &Tensor)>| {
+            let mut v: Vec<(String, Vec<i64>)> = tensors
+                .filter(|(k, _)| !k.starts_with(&head) && !k.ends_with(".num_batches_tracked"))
+                .map(|(k, t)| (k.clone(), t.size()))
+                .collect();
             v.sort();
             v
         };
-        let kinds = ModelKind::ALL.iter().copied().filter(|k| *k != self.kind && std::mem::discriminant(&k.arch()) == family);
-        for kind in kinds {
-            let head = format!("{}.", kind.head_prefix());
-            let want = signature(&mut file.iter().map(|(k, t)| (k.clone(), t.size())), &head);
-            let candidate = Model::build(kind, 1, Device::Cpu, ModelOptions { img_size: self.opts.img_size, ..ModelOptions::defaults(kind) });
-            let vars = candidate.vs.variables();
-            if signature(&mut vars.into_iter().map(|(k, t)| (k, t.size())), &head) == want {
-                return Some(kind);
-            }
-        }
-        None
+        let want = signature(&mut file.iter());
+        let family = std::mem::discriminant(&self.kind.arch());
+        let mut kinds = ModelKind::ALL.iter().copied().filter(|k| *k != self.kind && std::mem::discriminant(&k.arch()) == family);
+        kinds.find(|&kind| {
+            let opts = ModelOptions { img_size: self.opts.img_size, ..ModelOptions::defaults(kind) };
+            signature(&mut Model::build(kind, 1, Device::Cpu, opts).vs.variables().iter()) == want
+        })
     }
 
     /// `--freeze conv1,bn1,layer1`: parameters under these name prefixes get no gradient (and
@@ -375,16 +367,12 @@ impl Model {
     /// prefixes too (`stem,stages.0`). Returns how many tensors were frozen.
     pub fn freeze(&self, prefixes: &[String]) -> Result<usize> {
         let vars = self.vs.variables();
-        let timm_names: BTreeMap<&String, String> = match self.names {
-            Names::Timm => vars.keys().filter_map(|k| Some((k, timm::timm_name(self.kind, k)?))).collect(),
-            Names::Torchvision => BTreeMap::new(),
-        };
         let mut frozen = 0;
         for prefix in prefixes {
             let is_under = |name: &str| name == prefix || name.starts_with(&format!("{prefix}."));
             let under: Vec<&Tensor> = vars
                 .iter()
-                .filter(|(k, _)| is_under(k) || timm_names.get(k).is_some_and(|t| is_under(t)))
+                .filter(|(k, _)| is_under(k) || is_under(&self.file_name(k)))
                 .map(|(_, v)| v)
                 .collect();
             if under.is_empty() {
@@ -450,10 +438,7 @@ impl Model {
             .with_context(|| format!("reading {}", path.display()))?
             .into_iter()
             .collect();
-        let file = match timm::names_of(self, &file) {
-            Names::Timm => timm::from_timm(self, &file),
-            Names::Torchvision => file,
-        };
+        let file = timm::from_timm(self, &file).unwrap_or(file);
         let vars = self.vs.variables();
         let mut missing: Vec<&String> = vars.keys().filter(|k| !file.contains_key(*k)).collect();
         missing.sort();

@@ -7,7 +7,7 @@
 //! `timm_name` says what timm calls each tensor.
 use tch::nn::{self, ModuleT};
 
-use super::layers::{conv_norm_act, linear, squeeze_excitation, Act, ConvShape, NormKind, ZERO};
+use super::layers::{conv_norm_act, conv_norm_renamed, linear, squeeze_excitation, Act, ConvShape, NormKind, ZERO};
 use super::LayerMap;
 
 pub struct RegNetSpec {
@@ -100,8 +100,7 @@ pub fn regnet(p: &nn::Path, spec: &RegNetSpec, num_classes: i64) -> (nn::FuncT<'
 /// timm's name for the tensor ringtrain (torchvision) calls `name`.
 pub fn timm_name(name: &str) -> Option<String> {
     if let Some(rest) = name.strip_prefix("stem.") {
-        let (i, rest) = rest.split_once('.')?;
-        return Some(format!("stem.{}.{rest}", ["conv", "bn"][i.parse::<usize>().ok().filter(|i| *i < 2)?]));
+        return conv_norm_renamed(rest, "stem.conv", "stem.bn");
     }
     if let Some(rest) = name.strip_prefix("fc.") {
         return Some(format!("head.fc.{rest}"));
@@ -112,10 +111,7 @@ pub fn timm_name(name: &str) -> Option<String> {
     let (stage_block, part) = rest.split_once('.')?;
     let (stage, i) = stage_block.split_once('-')?;
     let i: usize = i.parse().ok()?;
-    let layer = |conv: &str, rest: &str| {
-        let (k, rest) = rest.split_once('.')?;
-        Some(format!("{conv}.{}.{rest}", ["conv", "bn"][k.parse::<usize>().ok().filter(|k| *k < 2)?]))
-    };
+    let layer = |name: &str, rest: &str| conv_norm_renamed(rest, &format!("{name}.conv"), &format!("{name}.bn"));
     let part = if let Some(r) = part.strip_prefix("proj.") {
         layer("downsample", r)?
     } else if let Some(r) = part.strip_prefix("f.se.") {

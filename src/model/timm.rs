@@ -98,12 +98,12 @@ pub fn to_timm(model: &Model, state_dict: &StateDict) -> StateDict {
 /// Whether `file` names its tensors as timm does for `model` (more of its names are timm's
 /// than ringtrain's).
 pub fn names_of(model: &Model, file: &StateDict) -> Names {
-    if !has_timm_names(model.kind) {
-        return Names::Torchvision;
-    }
-    let t = table(model);
-    let ours = file.keys().filter(|k| t.contains_key(*k)).count();
-    let theirs: std::collections::HashSet<&String> = t.values().map(|(n, _)| n).collect();
+    names_in(&table(model), file)
+}
+
+fn names_in(table: &BTreeMap<String, (String, Vec<i64>)>, file: &StateDict) -> Names {
+    let ours = file.keys().filter(|k| table.contains_key(*k)).count();
+    let theirs: std::collections::HashSet<&String> = table.values().map(|(n, _)| n).collect();
     let timm = file.keys().filter(|k| theirs.contains(k)).count();
     if timm > ours {
         Names::Timm
@@ -112,33 +112,28 @@ pub fn names_of(model: &Model, file: &StateDict) -> Names {
     }
 }
 
-/// `file` (timm's names) under ringtrain's names and shapes; tensors timm's table does not
-/// know keep their names (and are then unexpected).
-pub fn from_timm(model: &Model, file: &StateDict) -> StateDict {
-    let vars = model.vs.variables();
+/// `file` under ringtrain's names and shapes when it carries timm's (None: it carries
+/// ringtrain's); tensors timm's table does not know keep their names (and are then unexpected).
+pub fn from_timm(model: &Model, file: &StateDict) -> Option<StateDict> {
     let table = table(model);
-    let back: BTreeMap<&String, &String> = table.iter().map(|(ours, (theirs, _))| (theirs, ours)).collect();
-    let mut out: StateDict = BTreeMap::new();
-    for (k, v) in file {
-        match back.get(k) {
-            Some(ours) => {
-                let t = match vars.get(*ours) {
-                    // timm's other shape of the same tensor (not another class count).
-                    Some(var) if var.size() != v.size() && var.numel() == v.numel() && !is_head(model, ours) => {
-                        v.reshape(var.size().as_slice())
-                    }
-                    _ => v.shallow_clone(),
-                };
-                out.insert((*ours).clone(), t);
-            }
-            None => {
-                out.insert(k.clone(), v.shallow_clone());
-            }
-        }
+    if names_in(&table, file) != Names::Timm {
+        return None;
     }
-    out
-}
-
-fn is_head(model: &Model, name: &str) -> bool {
-    name.starts_with(&format!("{}.", model.head_prefix()))
+    let vars = model.vs.variables();
+    let head = format!("{}.", model.head_prefix());
+    let back: BTreeMap<&String, &String> = table.iter().map(|(ours, (theirs, _))| (theirs, ours)).collect();
+    let renamed = file.iter().map(|(k, v)| match back.get(k) {
+        Some(ours) => {
+            let t = match vars.get(*ours) {
+                // timm's other shape of the same tensor (not another class count).
+                Some(var) if var.size() != v.size() && var.numel() == v.numel() && !ours.starts_with(&head) => {
+                    v.reshape(var.size().as_slice())
+                }
+                _ => v.shallow_clone(),
+            };
+            ((*ours).clone(), t)
+        }
+        None => (k.clone(), v.shallow_clone()),
+    });
+    Some(renamed.collect())
 }

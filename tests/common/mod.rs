@@ -98,7 +98,7 @@ pub fn ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
 pub fn eval_batches(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<(Vec<u8>, Vec<i64>)> {
     use ringtrain::data::load::loader::{Loader, LoaderOptions};
     let set = ringtrain::data::source::Dataset::open(spec, "--data").unwrap();
-    let t = ringtrain::data::augment::transform::Transform::Eval { size: 48, resize: 56, interpolation: Default::default() };
+    let t = ringtrain::data::augment::transform::Transform::eval(48, 56, Default::default());
     let l = Loader::new(set.samples, t, LoaderOptions::in_order(5, 2)).unwrap();
     l.epoch(0)
         .map(|b| {
@@ -114,15 +114,7 @@ pub fn eval_batches(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<(
 pub fn train_samples(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<Vec<(Vec<u8>, i64)>> {
     use ringtrain::data::load::loader::{Loader, LoaderOptions};
     let set = ringtrain::data::source::Dataset::open(spec, "--data").unwrap();
-    let t = ringtrain::data::augment::transform::Transform::Train {
-        size: 40,
-        scale: (0.08, 1.0),
-        ratio: (0.75, 4.0 / 3.0),
-        hflip: true,
-        erase: None,
-        pad: None,
-        interpolation: Default::default(),
-    };
+    let t = ringtrain::data::augment::transform::Transform::random_resized_crop(40, Default::default());
     let o = LoaderOptions {
         shuffle: true,
         seed: 5,
@@ -315,6 +307,22 @@ pub fn image_claiming(path: &Path, w: u32, h: u32) {
         b[sof + 7..sof + 9].copy_from_slice(&(w as u16).to_be_bytes());
     }
     std::fs::write(path, b).unwrap();
+}
+
+/// `ringtrain models`: its output, and its table's rows by model name (the whitespace-separated
+/// columns of each row, the name first).
+pub fn models_table() -> (String, HashMap<String, Vec<String>>) {
+    let o = ringtrain(&["models"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let rows = out
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty()) // notes and torchvision's weights follow, after a blank line
+        .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+        .map(|c| (c[0].clone(), c))
+        .collect();
+    (out, rows)
 }
 
 /// The weights a run ended with (`last/model.safetensors` of its run directory), by name.

@@ -290,6 +290,25 @@ fn nearest_into(img: RgbView<'_>, idx: &NearestIndices, out: &mut [u8]) {
 }
 
 impl Transform {
+    /// torchvision's RandomResizedCrop(size) (scale 0.08–1, ratio 3/4–4/3) and
+    /// RandomHorizontalFlip, no erasing, resized with `interpolation`.
+    pub fn random_resized_crop(size: u32, interpolation: Interpolation) -> Self {
+        Transform::Train {
+            size,
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            hflip: true,
+            erase: None,
+            pad: None,
+            interpolation,
+        }
+    }
+
+    /// Resize(resize) (the shorter side) + CenterCrop(size), resized with `interpolation`.
+    pub fn eval(size: u32, resize: u32, interpolation: Interpolation) -> Self {
+        Transform::Eval { size, resize, interpolation }
+    }
+
     pub fn size(&self) -> u32 {
         match self {
             Transform::Train { size, .. } | Transform::Eval { size, .. } => *size,
@@ -445,11 +464,7 @@ mod tests {
         assert_eq!(pil_nearest_axis(20.0, 22.0, 1, 20), pil[1..21]);
         assert_eq!(pil_nearest_axis(7.0, 7.0, 0, 7), (0..7).collect::<Vec<_>>());
         // A centre crop of 73 px resized from 150 takes columns 9..73 of the resized image.
-        let t = Transform::Eval {
-            size: 64,
-            resize: 73,
-            interpolation: Interpolation::Nearest,
-        };
+        let t = Transform::eval(64, 73, Interpolation::Nearest);
         let idx = t.nearest_indices(150, 150, resize_center_crop_box(150, 150, 73, 64));
         assert_eq!(idx.cols, pil_nearest_axis(150.0, 73.0, 0, 73)[4..68]);
         assert_eq!(idx.rows, idx.cols);
@@ -502,11 +517,7 @@ mod tests {
         let img = RgbImage::from_pixel(90, 60, image::Rgb([9, 200, 31]));
         for interpolation in Interpolation::ALL.iter().copied() {
             let mut out = vec![0u8; 32 * 32 * 3];
-            let t = Transform::Eval {
-                size: 32,
-                resize: 36,
-                interpolation,
-            };
+            let t = Transform::eval(32, 36, interpolation);
             t.apply(&img, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0), &mut out)
                 .unwrap();
             assert!(out.chunks(3).all(|p| p == [9, 200, 31]), "{interpolation}");

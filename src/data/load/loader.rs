@@ -488,15 +488,7 @@ mod tests {
     #[test]
     fn batches_do_not_depend_on_worker_count() {
         let (_d, samples) = folder(5);
-        let t = Transform::Train {
-            size: 8,
-            scale: (0.08, 1.0),
-            ratio: (0.75, 4.0 / 3.0),
-            hflip: true,
-            erase: None,
-            pad: None,
-            interpolation: Interpolation::Bilinear,
-        };
+        let t = Transform::random_resized_crop(8, Interpolation::Bilinear);
         let opts = |workers| LoaderOptions {
             shuffle: true,
             seed: 7,
@@ -533,11 +525,7 @@ mod tests {
     #[test]
     fn pinned_memory_falls_back_to_ordinary_memory_without_a_gpu() {
         let (_d, samples) = folder(3);
-        let t = Transform::Eval {
-            size: 8,
-            resize: 9,
-            interpolation: Interpolation::Bilinear,
-        };
+        let t = Transform::eval(8, 9, Interpolation::Bilinear);
         let opts = |pin_memory| LoaderOptions {
             prefetch: 2,
             skip_unreadable: false,
@@ -551,11 +539,7 @@ mod tests {
     #[test]
     fn drop_last_and_unshuffled_order() {
         let (_d, samples) = folder(5);
-        let t = Transform::Eval {
-            size: 8,
-            resize: 9,
-            interpolation: Interpolation::Bilinear,
-        };
+        let t = Transform::eval(8, 9, Interpolation::Bilinear);
         let l = Loader::new(
             samples,
             t,
@@ -584,11 +568,7 @@ mod tests {
             skip_unreadable: skip,
             ..LoaderOptions::in_order(10, 2)
         };
-        let t = Transform::Eval {
-            size: 8,
-            resize: 8,
-            interpolation: Interpolation::Bilinear,
-        };
+        let t = Transform::eval(8, 8, Interpolation::Bilinear);
         let l = Loader::new(samples.clone(), t.clone(), opts(true)).unwrap();
         let b = l.epoch(0).next().unwrap().unwrap();
         assert_eq!(b.indices, vec![0, 2, 3, 4, 5, 6]);
@@ -603,11 +583,7 @@ mod tests {
     #[test]
     fn shards_partition_the_epoch_like_distributed_sampler() {
         let samples: Vec<(PathBuf, usize)> = (0..10).map(|i| (PathBuf::from(format!("{i}")), 0)).collect();
-        let t = Transform::Eval {
-            size: 8,
-            resize: 8,
-            interpolation: Interpolation::Bilinear,
-        };
+        let t = Transform::eval(8, 8, Interpolation::Bilinear);
         let make = |shard| {
             Loader::new(
                 samples.clone(),

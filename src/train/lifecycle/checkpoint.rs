@@ -135,11 +135,7 @@ impl CheckpointState {
     /// The run's evaluation transform, with `interpolation` for its filter when given
     /// (`--interpolation` of eval and predict), else the run's.
     pub fn eval_transform(&self, interpolation: Option<Interpolation>) -> Transform {
-        Transform::Eval {
-            size: self.img_size,
-            resize: self.eval_resize,
-            interpolation: interpolation.unwrap_or(self.interpolation),
-        }
+        Transform::eval(self.img_size, self.eval_resize, interpolation.unwrap_or(self.interpolation))
     }
 }
 
