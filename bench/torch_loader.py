@@ -6,7 +6,10 @@ The loader-only measurement is that of the shared reference bench_loader_cpu.py 
 untimed), with the batch size and number of epochs as parameters; with a model it is that of
 bench_loader.py (pinned memory, channels_last, autocast, SGD momentum 0.9).
 
-Usage: torch_loader.py DIR SIZE BATCH WORKERS EPOCHS MODEL|none AMP(off|bf16|fp16) CHANNELS_LAST(0|1) DEVICE
+With POLICY (ta_wide, ra, imagenet, cifar10, svhn, augmix) torchvision's policy follows the flip,
+on the PIL image, as torchvision's reference recipe (presets.py) puts it.
+
+Usage: torch_loader.py DIR SIZE BATCH WORKERS EPOCHS MODEL|none AMP(off|bf16|fp16) CHANNELS_LAST(0|1) DEVICE [POLICY|none]
 Prints one JSON object: {"images_per_s": ...}.
 """
 import json
@@ -18,12 +21,25 @@ import torchvision
 from torchvision import transforms as T
 
 
-def main(root, size, batch, workers, epochs, model, amp, channels_last, device):
+def policy_transform(name):
+    bilinear = T.InterpolationMode.BILINEAR
+    if name == "ta_wide":
+        return [T.TrivialAugmentWide(interpolation=bilinear)]
+    if name == "ra":
+        return [T.RandAugment(interpolation=bilinear)]
+    if name == "augmix":
+        return [T.AugMix(interpolation=bilinear)]
+    if name in ("imagenet", "cifar10", "svhn"):
+        return [T.AutoAugment(T.AutoAugmentPolicy(name), interpolation=bilinear)]
+    return []
+
+
+def main(root, size, batch, workers, epochs, model, amp, channels_last, device, policy="none"):
     size, batch, workers, epochs = map(int, (size, batch, workers, epochs))
     channels_last = channels_last == "1"
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
+    tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *policy_transform(policy), T.ToTensor(),
                     T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
     ds = torchvision.datasets.ImageFolder(root, tf)
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,

@@ -4,7 +4,9 @@
 #include "error.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -90,6 +92,141 @@ int rt_fused_adam(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, r
         // found_inf is 0-dim as torch.amp.GradScaler's; a [1]-shaped one is taken as that scalar
         // (the step counters are 0-dim, and an in-place op cannot broadcast them to [1]).
         if (found_inf) at::_foreach_sub_(s, std::vector<at::Tensor>(s.size(), found_inf->reshape({})));
+        return 0;
+      },
+      -1);
+}
+
+}  // extern "C"
+
+// ---- LARS and LAMB: timm's multi-tensor implementations (timm.optim.Lars, timm.optim.Lamb), op
+// for op on ATen's _foreach_ kernels; no fused kernel exists for them.
+namespace {
+// A step skipped for an fp16 overflow is taken back on the device: what the step changes is
+// copied before it and chosen back after it where found_inf holds 1 (the step's arithmetic on
+// inf/NaN gradients is thrown away). Costs a copy of the changed tensors, under fp16 only.
+class Undo {
+ public:
+  Undo(rt_tensor* found_inf, std::initializer_list<const std::vector<at::Tensor>*> lists) {
+    if (!found_inf) return;
+    skip_ = found_inf->reshape({}) > 0;
+    for (const auto* l : lists) {
+      for (const auto& t : *l) {
+        changed_.push_back(t);
+        before_.push_back(t.clone());
+      }
+    }
+  }
+  void finish() {
+    for (size_t i = 0; i < changed_.size(); ++i) changed_[i].copy_(at::where(skip_, before_[i], changed_[i]));
+  }
+
+ private:
+  at::Tensor skip_;
+  std::vector<at::Tensor> changed_, before_;
+};
+
+// params -= lr * updates, lr a number or a 0-dim tensor on the device.
+void apply_lr(std::vector<at::Tensor>& p, const std::vector<at::Tensor>& updates, double lr, rt_tensor* lr_tensor) {
+  if (lr_tensor)
+    at::_foreach_add_(p, at::_foreach_mul(updates, at::neg(*lr_tensor)));
+  else
+    at::_foreach_add_(p, updates, -lr);
+}
+}  // namespace
+
+extern "C" {
+
+int rt_lars(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, double lr, rt_tensor* lr_tensor,
+            double momentum, double weight_decay, int nesterov, double trust_coeff, double eps, int adapt,
+            rt_tensor* found_inf) {
+  return rt_guard<int>(
+      [&] {
+        at::NoGradGuard no_grad;  // parameters are leaves that require grad
+        auto p = list(params, n), g = list(grads, n);
+        auto b = bufs ? list(bufs, n) : std::vector<at::Tensor>{};
+        if (n == 0) return 0;
+        Undo undo(found_inf, {&p, &b});
+        // The gradient with weight decay, scaled by the trust ratio computed from the norms
+        // before the decay is added; new tensors, p.grad is left as it is (timm's _lars_trust_ratio).
+        std::vector<at::Tensor> d = g;
+        if (adapt) {
+          auto w = at::stack(at::_foreach_norm(p)), gn = at::stack(at::_foreach_norm(g));
+          auto trust = trust_coeff * w / (gn + w * weight_decay + eps);
+          trust = at::where(w > 0, at::where(gn > 0, trust, 1.0), 1.0);
+          d = at::_foreach_add(g, p, weight_decay);
+          at::_foreach_mul_(d, trust.unbind(0));
+        } else if (weight_decay != 0) {
+          d = at::_foreach_add(g, p, weight_decay);
+        }
+        // SGD's momentum without dampening; the buffers start at zero, which makes the first
+        // step's buffer the gradient, as torch's copy does.
+        std::vector<at::Tensor> u = d;
+        if (momentum != 0) {
+          at::_foreach_mul_(b, momentum);
+          at::_foreach_add_(b, d, 1.0);
+          u = nesterov ? at::_foreach_add(d, b, momentum) : b;
+        }
+        apply_lr(p, u, lr, lr_tensor);
+        undo.finish();
+        return 0;
+      },
+      -1);
+}
+
+rt_tensor* rt_lamb_clip(rt_tensor** grads, int n, double max_grad_norm) {
+  return rt_guard<rt_tensor*>(
+      [&] {
+        at::NoGradGuard no_grad;
+        auto g = list(grads, n);
+        auto total = at::linalg_vector_norm(at::stack(at::_foreach_norm(g)));
+        return new at::Tensor((total / max_grad_norm).clamp_(1.0));
+      },
+      nullptr);
+}
+
+int rt_lamb(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, rt_tensor** exp_avg_sqs, int n,
+            rt_tensor* step, rt_tensor* clip, double lr, rt_tensor* lr_tensor, double beta1, double beta2, double eps,
+            double weight_decay, int adapt, rt_tensor* found_inf) {
+  return rt_guard<int>(
+      [&] {
+        at::NoGradGuard no_grad;
+        auto p = list(params, n), g = list(grads, n), m = list(exp_avgs, n), v = list(exp_avg_sqs, n);
+        std::vector<at::Tensor> s{*step};
+        Undo undo(found_inf, {&p, &m, &v, &s});
+        // timm counts the group's step even when none of its parameters has a gradient.
+        step->add_(1);
+        if (n == 0) {
+          undo.finish();
+          return 0;
+        }
+        // Bias corrections from the step on the device (timm's host numbers: computed in double,
+        // rounded to the parameters' type where a kernel takes them).
+        const auto kind = p[0].scalar_type();
+        auto t = step->to(at::kDouble);
+        auto bc1 = at::rsub(at::pow(beta1, t), 1).to(kind);
+        auto bc2_sqrt = at::sqrt(at::rsub(at::pow(beta2, t), 1)).to(kind);
+        auto gc = clip ? at::_foreach_div(g, *clip) : g;
+        at::_foreach_lerp_(m, gc, 1 - beta1);
+        at::_foreach_mul_(v, beta2);
+        at::_foreach_addcmul_(v, gc, gc, 1 - beta2);
+        // timm's form with tensor bias corrections: m / bc1 / (sqrt(v) / sqrt(bc2) + eps).
+        auto denom = at::_foreach_sqrt(v);
+        at::_foreach_div_(denom, bc2_sqrt);
+        at::_foreach_add_(denom, eps);
+        auto u = at::_foreach_div(m, bc1);
+        at::_foreach_div_(u, denom);
+        if (weight_decay != 0) at::_foreach_add_(u, p, weight_decay);
+        if (adapt) {
+          // The trust ratio ||p|| / ||update|| joins the step size: one addcmul per tensor.
+          auto w = at::stack(at::_foreach_norm(p)), un = at::stack(at::_foreach_norm(u));
+          auto ratio = at::where(w > 0, at::where(un > 0, w / un, 1.0), 1.0);
+          auto sizes = lr_tensor ? ratio * at::neg(*lr_tensor) : ratio * -lr;
+          at::_foreach_addcmul_(p, u, sizes.unbind(0));
+        } else {
+          apply_lr(p, u, lr, lr_tensor);
+        }
+        undo.finish();
         return 0;
       },
       -1);

@@ -88,6 +88,19 @@ int rt_fused_sgd(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n,
 int rt_fused_adam(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, rt_tensor** exp_avg_sqs,
                   rt_tensor** steps, int n, double lr, rt_tensor* lr_tensor, double beta1, double beta2,
                   double weight_decay, double eps, int decoupled, rt_tensor* grad_scale, rt_tensor* found_inf);
+// LARS and LAMB as timm's (optim.cpp), on ATen's _foreach_ kernels. lr, lr_tensor and found_inf as
+// above (a skipped step leaves parameters and state as they were). adapt != 0: the layer-wise
+// trust ratio applies (0 for the norms and biases left out of it). LARS: bufs null when
+// momentum is 0. LAMB: step is the group's float32 0-dim counter, incremented here; clip
+// (optional) divides the gradients, rt_lamb_clip's max(1, global norm / max_grad_norm) over all
+// groups' gradients, a new tensor (null on failure).
+int rt_lars(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, double lr, rt_tensor* lr_tensor,
+            double momentum, double weight_decay, int nesterov, double trust_coeff, double eps, int adapt,
+            rt_tensor* found_inf);
+rt_tensor* rt_lamb_clip(rt_tensor** grads, int n, double max_grad_norm);
+int rt_lamb(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, rt_tensor** exp_avg_sqs, int n,
+            rt_tensor* step, rt_tensor* clip, double lr, rt_tensor* lr_tensor, double beta1, double beta2, double eps,
+            double weight_decay, int adapt, rt_tensor* found_inf);
 
 // ---- CUDA graphs (cuda_graph.cpp): at::cuda::CUDAGraph. use_side_stream makes this thread's
 // current stream on `device` a non-default one that waits for the work queued so far (0 when it

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bail_user;
 use crate::data::augment::transform::{Interpolation, Transform};
+use crate::data::augment::policy::{AutoAugment, Policy, RA_BINS};
 use crate::data::source::Columns;
 use crate::data::source::DataSpec;
 use crate::device::DeviceSpec;
@@ -20,14 +21,29 @@ pub enum OptimizerKind {
     Sgd,
     Adam,
     Adamw,
+    /// SGD with layer-wise trust ratios (MLPerf's ResNet-50 reference, timm.optim.Lars).
+    Lars,
+    /// Adam with layer-wise trust ratios (timm.optim.Lamb).
+    Lamb,
+}
+
+impl OptimizerKind {
+    /// LARS and LAMB scale each tensor's update by a trust ratio; norms and biases are left
+    /// out of it and of the weight decay.
+    pub fn layer_wise(self) -> bool {
+        matches!(self, OptimizerKind::Lars | OptimizerKind::Lamb)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum SchedKind {
     /// Linear warm-up, then cosine annealing to eta_min over t_max epochs (per step).
+    #[value(alias = "cosineannealinglr")]
     Cosine,
-    /// lr * gamma^(epoch / step_size), after the warm-up.
+    /// lr * gamma^(epoch / step_size), epochs counted from the start (with --lr-warmup-method:
+    /// from the warm-up's end, as torchvision's SequentialLR).
+    #[value(alias = "steplr")]
     Step,
     /// Constant after the warm-up.
     Constant,
@@ -35,6 +51,16 @@ pub enum SchedKind {
     Multistep,
     /// ReduceLROnPlateau on the monitored metric, once per epoch.
     Plateau,
+    /// Polynomial decay to eta_min over t_max epochs (MLPerf's LARS schedule), per step.
+    Poly,
+}
+
+/// torchvision's warm-up shapes (LinearLR and ConstantLR with `lr_warmup_decay` as the factor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum WarmupMethod {
+    Linear,
+    Constant,
 }
 
 /// The validation metric that picks the best checkpoint and drives ReduceLROnPlateau and early
@@ -88,8 +114,10 @@ pub struct TrainConfig {
     pub out: PathBuf,
     pub model: ModelKind,
     pub img_size: u32,
-    /// Evaluation: Resize(eval_resize) + CenterCrop(img_size); default img_size / 0.875.
+    /// Evaluation: Resize(eval_resize) + CenterCrop(val_crop_size); default val_crop_size / 0.875.
     pub eval_resize: Option<u32>,
+    /// The evaluation's centre crop (torchvision's `val_crop_size`); default img_size.
+    pub val_crop_size: Option<u32>,
     /// The filter of the training crop's and the evaluation's resize; default: the one the
     /// `pretrained` published weights were evaluated with, else bilinear.
     pub interpolation: Option<Interpolation>,
@@ -100,12 +128,22 @@ pub struct TrainConfig {
     pub momentum: f64,
     pub nesterov: bool,
     pub weight_decay: f64,
+    /// LARS's trust coefficient (eta).
+    pub lars_eta: f64,
     pub label_smoothing: f64,
     pub sched: SchedKind,
     pub warmup_epochs: f64,
+    /// torchvision's warm-up (`--lr-warmup-method`): linear from lr · lr_warmup_decay to lr, or
+    /// constant at lr · lr_warmup_decay, and the main schedule restarted after it (SequentialLR).
+    /// None: ringtrain's ramp, lr · (step + 1) / warm-up steps.
+    pub lr_warmup_method: Option<WarmupMethod>,
+    /// The warm-up's factor with a `lr_warmup_method` (None: torchvision's 0.01).
+    pub lr_warmup_decay: Option<f64>,
     pub eta_min: f64,
-    /// Cosine period in epochs; default: epochs.
+    /// Cosine period (poly: decay) in epochs; default: epochs.
     pub t_max: Option<f64>,
+    /// Poly: the power of (1 - progress).
+    pub poly_power: f64,
     pub step_size: usize,
     pub gamma: f64,
     /// Multistep: the epochs at which the LR is multiplied by gamma.
@@ -126,6 +164,12 @@ pub struct TrainConfig {
     /// Keep an exponential moving average of the weights with this decay (e.g. 0.9998),
     /// evaluated each epoch and saved in checkpoints as model_ema.safetensors.
     pub ema: Option<f64>,
+    /// torchvision's `--model-ema`: an average updated every `model_ema_steps` optimizer steps of
+    /// an epoch (its first included), with `model_ema_decay` adjusted to the run's batch and
+    /// epochs, copying the weights through the warm-up's epochs.
+    pub model_ema: bool,
+    pub model_ema_steps: Option<usize>,
+    pub model_ema_decay: Option<f64>,
     /// Micro-batches per optimizer step: the effective batch is batch_size × accum_steps.
     pub accum_steps: usize,
     /// No weight decay on BatchNorm weights and biases.
@@ -150,6 +194,19 @@ pub struct TrainConfig {
     /// RandomErasing probability per training image (0: off), and its fill.
     pub random_erasing: f64,
     pub random_erasing_mode: crate::data::augment::erasing::EraseMode,
+    /// An augmentation policy after the crop and flip (`--auto-augment`), with RandAugment's
+    /// bin and number of operations and AugMix's severity.
+    pub auto_augment: Option<AutoAugment>,
+    /// ColorJitter after the flip (before the policy): brightness, contrast, saturation [, hue]
+    /// as torchvision's, or one value for the first three (timm's `--color-jitter`).
+    pub color_jitter: Vec<f64>,
+    pub ra_magnitude: usize,
+    pub ra_num_ops: usize,
+    pub augmix_severity: usize,
+    /// Repeated augmentation (torchvision's `RASampler`): each image `ra_reps` times an epoch,
+    /// the copies on different ranks.
+    pub ra_sampler: bool,
+    pub ra_reps: usize,
     /// RandomResizedCrop area range.
     pub crop_scale: Vec<f64>,
     /// CIFAR-style training crop instead: Resize(img_size) + RandomCrop(img_size, padding=N).
@@ -226,6 +283,10 @@ pub struct TrainConfig {
     /// No weight decay on normalisation weights, biases, layer scales, position embeddings and
     /// class tokens (timm's rule).
     pub no_norm_bias_decay: bool,
+    /// torchvision's `set_weight_decay`: the weight decay of normalisation layers' parameters,
+    /// and of every parameter named `bias` (which wins over the norm's); None: --weight-decay.
+    pub norm_weight_decay: Option<f64>,
+    pub bias_weight_decay: Option<f64>,
     /// `--resume auto|DIR`: a run-control flag, not a setting of the run (never saved).
     #[serde(skip)]
     pub resume: Option<String>,
@@ -246,6 +307,7 @@ impl Default for TrainConfig {
             model: ModelKind::ResNet18,
             img_size: 224,
             eval_resize: None,
+            val_crop_size: None,
             interpolation: None,
             epochs: 30,
             batch_size: 64,
@@ -254,11 +316,15 @@ impl Default for TrainConfig {
             momentum: 0.9,
             nesterov: false,
             weight_decay: 1e-4,
+            lars_eta: 0.001,
             label_smoothing: 0.0,
             sched: SchedKind::Cosine,
             warmup_epochs: 0.0,
+            lr_warmup_method: None,
+            lr_warmup_decay: None,
             eta_min: 0.0,
             t_max: None,
+            poly_power: 2.0,
             step_size: 30,
             gamma: 0.1,
             milestones: Vec::new(),
@@ -272,6 +338,9 @@ impl Default for TrainConfig {
             monitor: Metric::ValTop1,
             early_stop_patience: None,
             ema: None,
+            model_ema: false,
+            model_ema_steps: None,
+            model_ema_decay: None,
             accum_steps: 1,
             no_bn_weight_decay: false,
             save_every_steps: None,
@@ -285,6 +354,13 @@ impl Default for TrainConfig {
             mix_switch_prob: 0.5,
             random_erasing: 0.0,
             random_erasing_mode: crate::data::augment::erasing::EraseMode::Const,
+            auto_augment: None,
+            color_jitter: Vec::new(),
+            ra_magnitude: 9,
+            ra_num_ops: 2,
+            augmix_severity: 3,
+            ra_sampler: false,
+            ra_reps: 3,
             crop_scale: vec![0.08, 1.0],
             crop_padding: None,
             hflip: true,
@@ -320,6 +396,8 @@ impl Default for TrainConfig {
             dropout: None,
             layer_decay: None,
             no_norm_bias_decay: false,
+            norm_weight_decay: None,
+            bias_weight_decay: None,
             resume: None,
         }
     }
@@ -333,11 +411,19 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("val_labels", "none"),
     ("image_column", "the first column; in tar shards the member with an image extension; in parquet files image"),
     ("label_column", "the second column; in tar shards the .cls member; in parquet files label"),
-    ("eval_resize", "img-size / 0.875"),
+    ("eval_resize", "val-crop-size / 0.875"),
+    ("val_crop_size", "img-size (with --train-crop-size: the model's input size, as torchvision's 224)"),
+    ("lr_warmup_method", "none: ringtrain's ramp, lr · (step + 1) / warm-up steps (with --lr-warmup-epochs: constant)"),
+    ("lr_warmup_decay", "0.01, with --lr-warmup-method"),
+    ("model_ema_steps", "32, with --model-ema"),
+    ("model_ema_decay", "0.99998, with --model-ema"),
+    ("norm_weight_decay", "weight-decay"),
+    ("bias_weight_decay", "weight-decay"),
     ("interpolation", "the --pretrained weights' filter (bicubic for some), else bilinear"),
     ("t_max", "epochs"),
     ("constant_lr", "eta-min"),
     ("crop_padding", "none: RandomResizedCrop"),
+    ("auto_augment", "none: no policy"),
     ("workers", "available cores"),
     ("cache_gb", "half the available memory, shared by the node's ranks"),
     ("loss_scale", "none: dynamic scaling"),
@@ -376,16 +462,67 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<toml::Table> {
     }
 }
 
+/// torchvision's reference-script names of ringtrain's settings: (torchvision's key, ringtrain's
+/// key). Each is read into ringtrain's key (the saved config has only those); both in one layer
+/// (the flags, or the file) must agree. Spelled torchvision's way, the training crop leaves the
+/// evaluation crop at the model's size and the warm-up takes torchvision's shape, as there.
+pub const TORCHVISION_NAMES: &[(&str, &str)] = &[
+    ("train_crop_size", "img_size"),
+    ("val_resize_size", "eval_resize"),
+    ("lr_warmup_epochs", "warmup_epochs"),
+];
+
+fn flag(key: &str) -> String {
+    format!("--{}", key.replace('_', "-"))
+}
+
+/// Numbers compare by value (a TOML integer against a flag's float).
+fn same_value(a: &toml::Value, b: &toml::Value) -> bool {
+    let num = |v: &toml::Value| v.as_float().or_else(|| v.as_integer().map(|i| i as f64));
+    match (num(a), num(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// One layer with torchvision's names read into ringtrain's; returns the ringtrain keys it gave
+/// by torchvision's name. `layer` names it in errors.
+fn read_torchvision_names(table: &mut toml::Table, layer: &str) -> Result<std::collections::HashSet<&'static str>> {
+    let mut spelled = std::collections::HashSet::new();
+    for &(theirs, ours) in TORCHVISION_NAMES {
+        let Some(v) = table.remove(theirs) else { continue };
+        if let Some(o) = table.get(ours).filter(|o| !same_value(o, &v)) {
+            bail_user!(
+                "{} {o} and {} {v} are one setting (torchvision's name and ringtrain's){layer}: give one, or the same value",
+                flag(ours),
+                flag(theirs)
+            );
+        }
+        if !table.contains_key(ours) {
+            spelled.insert(ours);
+        }
+        table.insert(ours.to_string(), v);
+    }
+    Ok(spelled)
+}
+
 /// defaults ← file ← flags: `overrides` holds only the flags the user gave.
 pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<TrainConfig> {
     let mut table = file.unwrap_or_default();
+    let mut torchvision_spelled = read_torchvision_names(&mut table, " in the --config file")?;
+    let mut overrides = overrides;
+    let flags_spelled = read_torchvision_names(&mut overrides, "")?;
     for (k, v) in overrides {
+        // The layer that gives a key last decides how it was spelled.
+        torchvision_spelled.retain(|s| *s != k);
         table.insert(k, v);
     }
+    torchvision_spelled.extend(flags_spelled);
     let given = |k: &str| table.contains_key(k);
     let (model_given, img_size_given, resize_given, mean_given, std_given) =
         (given("model"), given("img_size"), given("eval_resize"), given("mean"), given("std"));
-    let interpolation_given = given("interpolation");
+    let (interpolation_given, val_crop_given) = (given("interpolation"), given("val_crop_size"));
+    let warmup_method_given = given("lr_warmup_method");
     let mut c = match TrainConfig::deserialize(toml::Value::Table(table)) {
         Ok(c) => c,
         // toml's message spans lines ("invalid type: ..., expected usize", "in `epochs`").
@@ -403,13 +540,24 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
             eval = source.eval_transform()?;
         }
     }
+    let model_size = eval.as_ref().map_or(c.model.default_img_size(), |t| t.img_size);
     if !img_size_given {
-        c.img_size = eval.as_ref().map_or(c.model.default_img_size(), |t| t.img_size);
+        c.img_size = model_size;
+    }
+    // torchvision's --train-crop-size is the training crop alone: its --val-crop-size stays 224,
+    // the model's size.
+    if torchvision_spelled.contains("img_size") && !val_crop_given {
+        c.val_crop_size = Some(model_size).filter(|&s| s != c.img_size);
+    }
+    // torchvision's --lr-warmup-epochs comes with its warm-up, ConstantLR unless told.
+    if torchvision_spelled.contains("warmup_epochs") && !warmup_method_given && c.warmup_epochs > 0.0 {
+        c.lr_warmup_method = Some(WarmupMethod::Constant);
     }
     if let Some(t) = eval {
-        // The weights' resize is for their input size; for another one, the ratio is kept.
+        // The weights' resize is for their input size; for another crop, the ratio is kept.
         if !resize_given {
-            c.eval_resize = Some(((t.resize as f64) * c.img_size as f64 / t.img_size as f64).round() as u32);
+            let crop = c.val_crop_size.unwrap_or(c.img_size);
+            c.eval_resize = Some(((t.resize as f64) * crop as f64 / t.img_size as f64).round() as u32);
         }
         if !interpolation_given {
             c.interpolation = Some(published_interpolation(&t));
@@ -452,9 +600,14 @@ impl TrainConfig {
         ["last", "best"].iter().any(|d| self.out.join(d).exists())
     }
 
+    /// The evaluation's centre crop: `--val-crop-size`, else the training crop.
+    pub fn val_crop_size(&self) -> u32 {
+        self.val_crop_size.unwrap_or(self.img_size)
+    }
+
     pub fn eval_resize(&self) -> u32 {
         self.eval_resize
-            .unwrap_or(((self.img_size as f64) / 0.875).round() as u32)
+            .unwrap_or(((self.val_crop_size() as f64) / 0.875).round() as u32)
     }
 
     /// The resize filter: as given or set by the weights (`resolve`), else bilinear.
@@ -462,12 +615,40 @@ impl TrainConfig {
         self.interpolation.unwrap_or_default()
     }
 
-    /// The evaluation transform: Resize(eval_resize) + CenterCrop(img_size) with the filter.
+    /// The evaluation transform: Resize(eval_resize) + CenterCrop(val_crop_size) with the filter.
     pub fn eval_transform(&self) -> Transform {
-        Transform::eval(self.img_size, self.eval_resize(), self.interpolation())
+        Transform::eval(self.val_crop_size(), self.eval_resize(), self.interpolation())
+    }
+
+    /// torchvision's `--model-ema` as (decay, optimizer steps between updates): its decay
+    /// adjusted so the average spans as many images whatever the batch, the steps between
+    /// updates and the epochs (pycls's rule): alpha = min(1, (1 − decay) · batch · steps / epochs)
+    /// with the images of an optimizer step (all ranks' and micro-batches') as the batch.
+    pub fn model_ema_schedule(&self) -> Option<(f64, usize)> {
+        if !self.model_ema {
+            return None;
+        }
+        let steps = self.model_ema_steps.unwrap_or(32);
+        let decay = self.model_ema_decay.unwrap_or(0.99998);
+        let images_per_step = (self.batch_size * self.accum_steps) as f64;
+        let adjust = images_per_step * steps as f64 / self.epochs as f64;
+        let alpha = ((1.0 - decay) * adjust).min(1.0);
+        Some((1.0 - alpha, steps))
     }
 
     /// Mixup/CutMix settings when either is on.
+    /// The `--auto-augment` policy, if any: its geometric operations sample as the run's
+    /// `--interpolation` where torchvision's tensor kernels can (bicubic: bilinear).
+    pub fn policy(&self) -> Option<Policy> {
+        self.auto_augment.map(|kind| Policy {
+            kind,
+            ra_magnitude: self.ra_magnitude,
+            ra_num_ops: self.ra_num_ops,
+            augmix_severity: self.augmix_severity,
+            sampling: self.interpolation().into(),
+        })
+    }
+
     pub fn mixup(&self, num_classes: i64) -> Option<crate::data::augment::mixup::MixupConfig> {
         (self.mixup_alpha > 0.0 || self.cutmix_alpha > 0.0).then(|| crate::data::augment::mixup::MixupConfig {
             mixup_alpha: self.mixup_alpha,
@@ -599,6 +780,12 @@ impl TrainConfig {
         if self.nesterov && self.momentum == 0.0 {
             bail_user!("--nesterov needs --momentum > 0");
         }
+        if self.nesterov && self.optimizer == OptimizerKind::Lamb {
+            bail_user!("--nesterov is SGD's and LARS's momentum; --optimizer lamb has none (its betas are 0.9, 0.999)");
+        }
+        if !positive(self.lars_eta) {
+            bail_user!("--lars-eta must be positive, got {}", self.lars_eta);
+        }
         if !non_negative(self.weight_decay) {
             bail_user!("--weight-decay must be >= 0, got {}", self.weight_decay);
         }
@@ -610,6 +797,8 @@ impl TrainConfig {
                 bail_user!("--ema (the decay) must be in (0, 1), e.g. 0.9998; got {d}");
             }
         }
+        self.check_model_ema()?;
+        self.check_decay_groups()?;
         if let Some(c) = self.clip_grad_norm {
             if !positive(c) {
                 bail_user!("--clip-grad-norm must be positive, got {c}");
@@ -644,12 +833,25 @@ impl TrainConfig {
                 self.model
             );
         }
-        if self.eval_resize() < self.img_size {
-            bail_user!(
-                "--eval-resize {} must be at least --img-size {}",
-                self.eval_resize(),
-                self.img_size
-            );
+        if let Some(v) = self.val_crop_size {
+            if v < min_size || v > 4096 {
+                bail_user!("--val-crop-size {v} is out of range for {} ({min_size}..4096)", self.model);
+            }
+            // Its position embeddings fix a ViT's input size.
+            if self.model.patch_size().is_some() && v != self.img_size {
+                bail_user!(
+                    "--val-crop-size {v} differs from the training crop --img-size {}: {} takes one input size (its position embeddings); give them the same value",
+                    self.img_size,
+                    self.model
+                );
+            }
+        }
+        if self.eval_resize() < self.val_crop_size() {
+            let crop = match self.val_crop_size {
+                Some(v) => format!("--val-crop-size {v}"),
+                None => format!("--img-size {}", self.img_size),
+            };
+            bail_user!("--eval-resize {} must be at least {crop}", self.eval_resize());
         }
         if self.accum_steps == 0 {
             bail_user!("--accum-steps must be at least 1");
@@ -675,11 +877,26 @@ impl TrainConfig {
         if !non_negative(self.eta_min) || self.eta_min > self.lr {
             bail_user!("--eta-min must be in [0, lr], got {}", self.eta_min);
         }
+        if let Some(d) = self.lr_warmup_decay {
+            if !(d > 0.0 && d <= 1.0) {
+                bail_user!("--lr-warmup-decay must be in (0, 1], got {d}");
+            }
+            if self.lr_warmup_method.is_none() {
+                bail_user!("--lr-warmup-decay is the factor of --lr-warmup-method linear|constant; give the method too");
+            }
+        }
+        if let Some(m) = self.lr_warmup_method.filter(|_| self.warmup_epochs == 0.0) {
+            let m = format!("{m:?}").to_lowercase();
+            bail_user!("--lr-warmup-method {m} needs a warm-up: --lr-warmup-epochs (or --warmup-epochs) > 0");
+        }
         if !positive(self.t_max()) {
             bail_user!("--t-max must be positive, got {}", self.t_max());
         }
         if self.step_size == 0 || !positive(self.gamma) {
             bail_user!("--step-size must be >= 1 and --gamma > 0");
+        }
+        if !positive(self.poly_power) {
+            bail_user!("--poly-power must be positive, got {}", self.poly_power);
         }
         if self.sched == SchedKind::Multistep && self.milestones.is_empty() {
             bail_user!("--sched multistep needs --milestones, e.g. --milestones 30,60,80");
@@ -727,6 +944,25 @@ impl TrainConfig {
                 "--crop-scale must be two numbers 0 < min <= max <= 1, got {:?}",
                 self.crop_scale
             );
+        }
+        if self.ra_magnitude >= RA_BINS {
+            bail_user!("--ra-magnitude must be a bin in 0..{}, got {}", RA_BINS - 1, self.ra_magnitude);
+        }
+        if !(1..=10).contains(&self.augmix_severity) {
+            bail_user!("--augmix-severity must be in 1..10, got {}", self.augmix_severity);
+        }
+        if self.ra_reps == 0 {
+            bail_user!("--ra-reps must be at least 1");
+        }
+        crate::data::augment::jitter::ColorJitter::from_flag(&self.color_jitter)?;
+        if self.data_on_device && !self.color_jitter.is_empty() {
+            bail_user!("--data-on-device does not do --color-jitter (it runs in the host pipeline); drop one of the two");
+        }
+        if self.data_on_device && self.auto_augment.is_some() {
+            bail_user!("--data-on-device does not do --auto-augment (its policies run in the host pipeline); drop one of the two");
+        }
+        if self.data_on_device && self.ra_sampler {
+            bail_user!("--data-on-device does not do --ra-sampler; drop one of the two");
         }
         if let Some(p) = self.crop_padding.filter(|&p| p >= self.img_size) {
             bail_user!(
@@ -792,6 +1028,55 @@ impl TrainConfig {
         if let Some(d) = self.layer_decay {
             if !(d > 0.0 && d <= 1.0) {
                 bail_user!("--layer-decay must be in (0, 1], got {d}");
+            }
+        }
+        Ok(())
+    }
+
+    /// torchvision's --model-ema and ringtrain's --ema are two averages: one at a time, and the
+    /// former's settings only with it.
+    fn check_model_ema(&self) -> Result<()> {
+        if self.model_ema && self.ema.is_some() {
+            bail_user!("--model-ema (torchvision's average) and --ema (ringtrain's, every step at its decay) are two averages; give one");
+        }
+        for (given, f) in [
+            (self.model_ema_steps.is_some(), "--model-ema-steps"),
+            (self.model_ema_decay.is_some(), "--model-ema-decay"),
+        ] {
+            if given && !self.model_ema {
+                bail_user!("{f} sets torchvision's average: give --model-ema too");
+            }
+        }
+        if self.model_ema_steps == Some(0) {
+            bail_user!("--model-ema-steps must be at least 1");
+        }
+        if let Some(d) = self.model_ema_decay {
+            if !(d > 0.0 && d < 1.0) {
+                bail_user!("--model-ema-decay must be in (0, 1), e.g. 0.99998; got {d}");
+            }
+        }
+        if self.model_ema && self.cuda_graphs {
+            bail_user!("--cuda-graphs captures one step, but --model-ema decides on the host which steps update the average; drop one of the two");
+        }
+        Ok(())
+    }
+
+    /// torchvision's per-group decays beside ringtrain's no-decay switches: each parameter gets
+    /// one decay, so a switch's zero and a flag's non-zero for the same parameters are refused.
+    fn check_decay_groups(&self) -> Result<()> {
+        for (v, f) in [(self.norm_weight_decay, "--norm-weight-decay"), (self.bias_weight_decay, "--bias-weight-decay")] {
+            let Some(w) = v else { continue };
+            if !non_negative(w) {
+                bail_user!("{f} must be >= 0, got {w}");
+            }
+            if w == 0.0 {
+                continue;
+            }
+            if self.no_norm_bias_decay {
+                bail_user!("--no-norm-bias-decay (no decay on norms and biases) and {f} {w} disagree; give one");
+            }
+            if self.no_bn_weight_decay {
+                bail_user!("--no-bn-weight-decay (no decay on BatchNorm's weights and biases) and {f} {w} disagree; give one");
             }
         }
         Ok(())

@@ -71,6 +71,43 @@ mod ffi {
             grad_scale: *mut torch_sys::C_tensor,
             found_inf: *mut torch_sys::C_tensor,
         ) -> c_int;
+        pub fn rt_lars(
+            params: *const *mut torch_sys::C_tensor,
+            grads: *const *mut torch_sys::C_tensor,
+            bufs: *const *mut torch_sys::C_tensor,
+            n: c_int,
+            lr: f64,
+            lr_tensor: *mut torch_sys::C_tensor,
+            momentum: f64,
+            weight_decay: f64,
+            nesterov: c_int,
+            trust_coeff: f64,
+            eps: f64,
+            adapt: c_int,
+            found_inf: *mut torch_sys::C_tensor,
+        ) -> c_int;
+        pub fn rt_lamb_clip(
+            grads: *const *mut torch_sys::C_tensor,
+            n: c_int,
+            max_grad_norm: f64,
+        ) -> *mut torch_sys::C_tensor;
+        pub fn rt_lamb(
+            params: *const *mut torch_sys::C_tensor,
+            grads: *const *mut torch_sys::C_tensor,
+            exp_avgs: *const *mut torch_sys::C_tensor,
+            exp_avg_sqs: *const *mut torch_sys::C_tensor,
+            n: c_int,
+            step: *mut torch_sys::C_tensor,
+            clip: *mut torch_sys::C_tensor,
+            lr: f64,
+            lr_tensor: *mut torch_sys::C_tensor,
+            beta1: f64,
+            beta2: f64,
+            eps: f64,
+            weight_decay: f64,
+            adapt: c_int,
+            found_inf: *mut torch_sys::C_tensor,
+        ) -> c_int;
         pub fn rt_profiler_start(cuda: c_int) -> c_int;
         pub fn rt_profiler_stop(trace_path: *const c_char) -> c_int;
         pub fn rt_record_begin(name: *const c_char) -> *mut RtRecord;
@@ -377,6 +414,117 @@ pub fn fused_adam(
             h.eps,
             h.decoupled as c_int,
             std::ptr::null_mut(),
+            opt_ptr(found_inf),
+        )
+    })?;
+    Ok(())
+}
+
+/// LARS's hyper-parameters for `lars` (timm.optim.Lars with dampening 0, trust_clip off).
+#[derive(Debug, Clone, Copy)]
+pub struct LarsParams {
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+    pub trust_coeff: f64,
+    pub eps: f64,
+    /// The trust ratio applies (false for norms and biases).
+    pub adapt: bool,
+}
+
+/// timm.optim.Lars's multi-tensor step over one parameter list. `bufs` is empty when momentum
+/// is 0, else starts at zero. With `found_inf` holding 1, nothing changes.
+pub fn lars(
+    params: &[Tensor],
+    grads: &[Tensor],
+    bufs: &[Tensor],
+    lr: Lr,
+    h: LarsParams,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
+    assert_eq!(params.len(), grads.len());
+    assert!(bufs.is_empty() || bufs.len() == params.len());
+    let (p, g, b) = (ptrs(params), ptrs(grads), ptrs(bufs));
+    let (lr, lr_tensor) = lr.split();
+    check(unsafe {
+        ffi::rt_lars(
+            p.as_ptr(),
+            g.as_ptr(),
+            if b.is_empty() { std::ptr::null() } else { b.as_ptr() },
+            p.len() as c_int,
+            lr,
+            lr_tensor,
+            h.momentum,
+            h.weight_decay,
+            h.nesterov as c_int,
+            h.trust_coeff,
+            h.eps,
+            h.adapt as c_int,
+            opt_ptr(found_inf),
+        )
+    })?;
+    Ok(())
+}
+
+/// timm.optim.Lamb's gradient clipping: the divisor max(1, global norm / `max_grad_norm`) of all
+/// of `grads` (a 0-dim device tensor, nothing read back).
+pub fn lamb_clip(grads: &[Tensor], max_grad_norm: f64) -> Result<Tensor> {
+    let g = ptrs(grads);
+    let ptr = unsafe { ffi::rt_lamb_clip(g.as_ptr(), g.len() as c_int, max_grad_norm) };
+    if ptr.is_null() {
+        bail!("libtorch: {}", last_error());
+    }
+    // SAFETY: the shim returns a freshly allocated at::Tensor*, which tch takes ownership of.
+    Ok(unsafe { Tensor::from_ptr(ptr) })
+}
+
+/// LAMB's hyper-parameters for `lamb` (timm.optim.Lamb with bias correction and gradient
+/// averaging, trust_clip off).
+#[derive(Debug, Clone, Copy)]
+pub struct LambParams {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// The trust ratio applies (false for norms and biases).
+    pub adapt: bool,
+}
+
+/// timm.optim.Lamb's multi-tensor step over one parameter group: `step` is the group's float32
+/// 0-dim counter (incremented, also for an empty group, as timm's); the gradients are divided
+/// by `clip` (`lamb_clip`'s). With `found_inf` holding 1, nothing changes, the counter included.
+#[allow(clippy::too_many_arguments)]
+pub fn lamb(
+    params: &[Tensor],
+    grads: &[Tensor],
+    exp_avgs: &[Tensor],
+    exp_avg_sqs: &[Tensor],
+    step: &Tensor,
+    clip: Option<&Tensor>,
+    lr: Lr,
+    h: LambParams,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
+    let n = params.len();
+    assert!(grads.len() == n && exp_avgs.len() == n && exp_avg_sqs.len() == n);
+    let (p, g, m, v) = (ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs));
+    let (lr, lr_tensor) = lr.split();
+    check(unsafe {
+        ffi::rt_lamb(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            n as c_int,
+            ptr(step),
+            opt_ptr(clip),
+            lr,
+            lr_tensor,
+            h.beta1,
+            h.beta2,
+            h.eps,
+            h.weight_decay,
+            h.adapt as c_int,
             opt_ptr(found_inf),
         )
     })?;

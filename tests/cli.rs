@@ -34,6 +34,9 @@ fn bad_input_is_rejected_with_one_line_and_exit_2_before_any_work() {
         );
     }
     run(&["--warmup-epochs", "5"], "--warmup-epochs");
+    run(&["--optimizer", "lamb", "--nesterov"], "--optimizer lamb has none");
+    run(&["--optimizer", "lars", "--lars-eta", "0"], "--lars-eta must be positive");
+    run(&["--sched", "poly", "--poly-power", "0"], "--poly-power must be positive");
 
     expect_user_error(&["train", "--data", "/no/such/dir", "--out", out_s], "/no/such/dir");
     let empty = d.path().join("empty");

@@ -239,6 +239,8 @@ fn device_side_crops_follow_random_resized_crop_and_flip_half_the_time() {
         erase: None,
         pad: None,
         interpolation: Interpolation::Bilinear,
+        color_jitter: None,
+            policy: None,
     };
     // Normalised with mean 0 and std 1/255: the batch holds the resampled pixel values.
     let normalize = Normalizer::new([0.0; 3], [1.0 / 255.0; 3], Device::Cpu);
@@ -328,6 +330,8 @@ fn device_side_padded_crops_and_evaluation_equal_the_host_pipeline() {
             erase: None,
             pad: Some(4),
             interpolation,
+            color_jitter: None,
+            policy: None,
         };
         let eval = Transform::eval(24, 28, interpolation);
         for t in [pad, eval] {

@@ -331,6 +331,8 @@ fn crop_jobs(interpolation: Interpolation) -> Vec<Job> {
             erase: None,
             pad: None,
             interpolation,
+            color_jitter: None,
+            policy: None,
         };
         for (file, img) in images(set) {
             let bx = Some(transform.source_box(img.width(), img.height(), &mut rng));

@@ -182,9 +182,10 @@ fn the_page_opens_in_a_browser_and_its_worst_images_show_a_flipped_label_with_ev
     // A real browser: no console message but the check's, every image loaded, every section.
     let (console, line) = open_in_chromium(&run.join("report.html"), d.path());
     assert_eq!(console.len(), 1, "console messages: {console:#?}");
-    let images = 2 + top.len() + per_class.len() + pairs.len(); // curves, confusion matrix, figures
+    // curves, first batch, confusion matrix, figures
+    let images = 3 + top.len() + per_class.len() + pairs.len();
     assert!(
-        line.contains(&format!("images {images} broken 0 sections summary,command,curves,classes,confusion,confused-pairs,top-losses,class-losses")),
+        line.contains(&format!("images {images} broken 0 sections summary,command,curves,first-batch,classes,confusion,confused-pairs,top-losses,class-losses")),
         "{line}"
     );
 

@@ -18,6 +18,7 @@ use crate::data::load::normalize::Normalizer;
 use crate::data::source::{DataSpec, Dataset};
 use crate::data::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::device::synchronize as sync;
+use crate::data::augment::policy::{AutoAugment, Policy};
 use crate::say;
 
 #[derive(Debug, Clone)]
@@ -37,6 +38,8 @@ pub struct DataBenchOptions {
     pub cache: CacheMode,
     /// The whole set on the device, batches made there (`--data-on-device`).
     pub on_device: bool,
+    /// An augmentation policy after the crop and flip (`--auto-augment`).
+    pub auto_augment: Option<AutoAugment>,
 }
 
 /// Images per second through the loader (and the step, with a model).
@@ -51,7 +54,10 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     let normalize = Normalizer::new(IMAGENET_MEAN, IMAGENET_STD, o.device).channels_last(o.channels_last);
     let mut loader = Loader::new(
         data.samples,
-        Transform::random_resized_crop(o.img_size, Interpolation::Bilinear),
+        match o.auto_augment {
+            None => Transform::random_resized_crop(o.img_size, Interpolation::Bilinear),
+            Some(kind) => Transform::random_resized_crop(o.img_size, Interpolation::Bilinear).with_policy(Policy::torchvision(kind)),
+        },
         LoaderOptions {
             shuffle: true,
             drop_last: true,
@@ -146,6 +152,7 @@ pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<
         amp_name(o.amp).into(),
         (o.channels_last as u8).to_string(),
         device_name(o.device),
+        o.auto_augment.map_or("none".into(), |p| p.to_string()),
     ];
     let v = run_reference(python, script, &args)?;
     v["images_per_s"]

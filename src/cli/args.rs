@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use crate::config::{Metric, OptimizerKind, SchedKind};
+use crate::config::{Metric, OptimizerKind, SchedKind, WarmupMethod};
 use crate::data::augment::erasing::EraseMode;
+use crate::data::augment::policy::AutoAugment;
 use crate::data::augment::transform::Interpolation;
 use crate::data::load::cache::CacheMode;
 use crate::device::DeviceSpec;
@@ -51,6 +52,15 @@ pub enum Command {
     /// --out; the model is thrown away. Runs in one process, at the global --batch-size; flags
     /// about the run itself (--epochs, the schedule, checkpoints) only pass on to the command.
     LrFind(LrFindArgs),
+    /// Draw the first training batch as the step receives it (crop, flip, --auto-augment,
+    /// erasing, Mixup/CutMix), each image with its label or mixed labels, into a PNG (--out):
+    /// train's flags, one process (rank 0's batch), nothing trained.
+    ShowBatch(ShowBatchArgs),
+    /// Bring a recipe: `recipe from-torchvision -- torchrun ... train.py --model resnet50 ...`
+    /// writes the configuration of torchvision's reference command, naming every flag it
+    /// cannot carry over.
+    #[command(subcommand)]
+    Recipe(RecipeCommand),
     /// Generate the built-in shapes data set and train on it: the quickest end-to-end check.
     Demo(DemoArgs),
     /// Evaluate a checkpoint on an ImageFolder directory: loss, top-1/5, per-class report,
@@ -339,6 +349,10 @@ pub struct BenchDataArgs {
     /// The whole set on the device, each batch made there (its loading is not timed).
     #[arg(long)]
     pub data_on_device: bool,
+    /// An augmentation policy after the crop and flip, as train's (the PyTorch side adds
+    /// torchvision's on its PIL images, as its reference recipe does).
+    #[arg(long)]
+    pub auto_augment: Option<AutoAugment>,
     #[command(flatten)]
     pub run: BenchRunArgs,
 }
@@ -514,18 +528,30 @@ pub struct TrainArgs {
     pub out: Option<PathBuf>,
     #[arg(long, help = ModelKind::names())]
     pub model: Option<ModelKind>,
-    /// Training crop size in pixels.
+    /// Training crop size in pixels; the evaluation's centre crop too, unless --val-crop-size.
     #[arg(long)]
     pub img_size: Option<u32>,
+    /// torchvision's name of --img-size for training; unlike it, leaves the evaluation crop at
+    /// torchvision's: --val-crop-size, else the model's input size.
+    #[arg(long, value_name = "N")]
+    pub train_crop_size: Option<u32>,
     /// Evaluation resize before the centre crop.
     #[arg(long)]
     pub eval_resize: Option<u32>,
+    /// torchvision's name of --eval-resize.
+    #[arg(long, value_name = "N")]
+    pub val_resize_size: Option<u32>,
+    /// The evaluation's centre crop (torchvision's): validation, eval and predict of the run's
+    /// checkpoints. A ViT takes only its training crop.
+    #[arg(long)]
+    pub val_crop_size: Option<u32>,
     /// The filter of the training crop's resize and the evaluation resize, as PIL's (torchvision
     /// on PIL images): bilinear, bicubic (both antialiased) or nearest.
     #[arg(long)]
     pub interpolation: Option<Interpolation>,
     #[arg(long)]
     pub epochs: Option<usize>,
+    /// Images per batch over all ranks (torchvision's --batch-size and -b count one GPU's).
     #[arg(long)]
     pub batch_size: Option<usize>,
     #[arg(long, value_enum)]
@@ -537,23 +563,46 @@ pub struct TrainArgs {
     pub momentum: Option<f64>,
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub nesterov: Option<bool>,
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, visible_alias = "wd", allow_negative_numbers = true)]
     pub weight_decay: Option<f64>,
+    /// LARS's trust coefficient: a tensor's step is scaled by eta·‖w‖ / (‖g‖ + weight decay·‖w‖).
+    #[arg(long)]
+    pub lars_eta: Option<f64>,
     #[arg(long)]
     pub label_smoothing: Option<f64>,
-    /// LR schedule after the warm-up.
-    #[arg(long, value_enum)]
+    /// LR schedule after the warm-up (--lr-scheduler cosineannealinglr and steplr, torchvision's
+    /// names, are cosine and step).
+    #[arg(long, visible_alias = "lr-scheduler", value_enum)]
     pub sched: Option<SchedKind>,
+    /// Epochs of warm-up, the shape ringtrain's ramp unless --lr-warmup-method.
     #[arg(long)]
     pub warmup_epochs: Option<f64>,
+    /// torchvision's name of --warmup-epochs, with torchvision's warm-up: --lr-warmup-method,
+    /// else constant.
+    #[arg(long, value_name = "N")]
+    pub lr_warmup_epochs: Option<usize>,
+    /// torchvision's warm-up: linear (LinearLR: from lr · --lr-warmup-decay to lr, rising every
+    /// step) or constant (ConstantLR: lr · --lr-warmup-decay), the main schedule starting after
+    /// it (SequentialLR; step counts its epochs from there).
+    #[arg(long, value_enum)]
+    pub lr_warmup_method: Option<WarmupMethod>,
+    /// The factor of --lr-warmup-method, in (0, 1].
     #[arg(long)]
+    pub lr_warmup_decay: Option<f64>,
+    /// The cosine's floor (torchvision's --lr-min).
+    #[arg(long, visible_alias = "lr-min")]
     pub eta_min: Option<f64>,
-    /// Cosine period in epochs.
+    /// Cosine period (poly: decay length) in epochs.
     #[arg(long)]
     pub t_max: Option<f64>,
+    /// Poly: the LR is eta-min + (lr - eta-min)·(1 - progress)^power after the warm-up.
     #[arg(long)]
+    pub poly_power: Option<f64>,
+    /// Step schedule: epochs between decays (torchvision's --lr-step-size).
+    #[arg(long, visible_alias = "lr-step-size")]
     pub step_size: Option<usize>,
-    #[arg(long)]
+    /// Step and multistep schedules: the LR's factor at each decay (torchvision's --lr-gamma).
+    #[arg(long, visible_alias = "lr-gamma")]
     pub gamma: Option<f64>,
     /// Clip gradients to this global L2 norm.
     #[arg(long)]
@@ -675,6 +724,13 @@ pub struct TrainArgs {
     /// position embedding and class token (as timm does).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub no_norm_bias_decay: Option<bool>,
+    /// Weight decay of the normalisation layers' weights and biases (BatchNorm, LayerNorm,
+    /// GroupNorm), as torchvision's set_weight_decay; usually 0.0.
+    #[arg(long)]
+    pub norm_weight_decay: Option<f64>,
+    /// Weight decay of every parameter named bias, norms' included (torchvision's).
+    #[arg(long)]
+    pub bias_weight_decay: Option<f64>,
     /// Layer-wise learning-rate decay (ViT/ConvNeXt fine-tuning, e.g. 0.75): each layer below
     /// the head learns at this times the rate of the one above it.
     #[arg(long)]
@@ -699,8 +755,33 @@ pub struct TrainArgs {
     /// With Mixup and CutMix both on: probability of CutMix.
     #[arg(long)]
     pub mix_switch_prob: Option<f64>,
-    /// RandomErasing probability per training image, e.g. 0.25.
+    /// An augmentation policy after the crop and flip, as torchvision's: ta_wide
+    /// (TrivialAugmentWide), ra (RandAugment), imagenet | cifar10 | svhn (AutoAugment's
+    /// policies) or augmix.
     #[arg(long)]
+    pub auto_augment: Option<AutoAugment>,
+    /// ColorJitter after the flip, torchvision's: brightness,contrast,saturation[,hue], or one
+    /// value for the first three (timm's --color-jitter 0.4).
+    #[arg(long, value_delimiter = ',')]
+    pub color_jitter: Option<Vec<f64>>,
+    /// RandAugment's magnitude: a bin of 31 (0..30).
+    #[arg(long)]
+    pub ra_magnitude: Option<usize>,
+    /// RandAugment's number of operations per image.
+    #[arg(long)]
+    pub ra_num_ops: Option<usize>,
+    /// AugMix's severity (1..10): its operations take the bins below it.
+    #[arg(long)]
+    pub augmix_severity: Option<usize>,
+    /// Repeated augmentation (torchvision's RASampler): each image --ra-reps times an epoch, the
+    /// copies spread over the ranks, the epoch as long as without.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub ra_sampler: Option<bool>,
+    /// Copies of each image per epoch with --ra-sampler.
+    #[arg(long)]
+    pub ra_reps: Option<usize>,
+    /// RandomErasing probability per training image, e.g. 0.25 (torchvision's --random-erase).
+    #[arg(long, visible_alias = "random-erase")]
     pub random_erasing: Option<f64>,
     /// RandomErasing fill: const (the mean colour, torchvision's value=0) or pixel (timm's noise).
     #[arg(long, value_enum)]
@@ -739,6 +820,18 @@ pub struct TrainArgs {
     /// each epoch and saved beside the model.
     #[arg(long)]
     pub ema: Option<f64>,
+    /// torchvision's average (not with --ema): updated at every --model-ema-steps-th optimizer
+    /// step of an epoch, its first included, with the decay alpha = min(1, (1 - D) · batch ·
+    /// steps / epochs) from D = --model-ema-decay and the global batch; through the warm-up's
+    /// epochs it copies the weights. Evaluated each epoch and saved beside the model.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub model_ema: Option<bool>,
+    /// Optimizer steps between --model-ema's updates.
+    #[arg(long)]
+    pub model_ema_steps: Option<usize>,
+    /// --model-ema's decay before its adjustment.
+    #[arg(long)]
+    pub model_ema_decay: Option<f64>,
     /// Micro-batches per optimizer step (effective batch = batch-size × accum-steps).
     #[arg(long)]
     pub accum_steps: Option<usize>,
@@ -761,6 +854,29 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(skip)]
     pub resume: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum RecipeCommand {
+    /// torchvision's reference command (references/classification/train.py, as pasted: torchrun
+    /// or python -m torch.distributed.run included) as ringtrain's configuration (TOML), with
+    /// train.py's defaults written out, its per-process batch made global, and each flag that
+    /// cannot be carried over named.
+    FromTorchvision {
+        /// Write the configuration here (atomically) instead of to standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The command, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+}
+
+/// `show-batch`: train's flags. Its --out is the PNG (`defaults.rs` gives it its own help).
+#[derive(Args)]
+pub struct ShowBatchArgs {
+    #[command(flatten)]
+    pub train: TrainArgs,
 }
 
 /// `lr-find`: train's flags, then the range test's own. Its --out is where lr_find.csv and

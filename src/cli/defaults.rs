@@ -8,7 +8,7 @@ use clap::{Command, CommandFactory, FromArgMatches};
 use serde_json::Value;
 
 use super::args::Cli;
-use crate::config::{TrainConfig, UNSET_DEFAULTS};
+use crate::config::{TrainConfig, TORCHVISION_NAMES, UNSET_DEFAULTS};
 
 /// The command line as clap describes it, with the defaults of `train` and `demo` in their help.
 pub fn command() -> Command {
@@ -28,7 +28,17 @@ fn show_defaults(cli: Command) -> Command {
     let demo = shown_defaults(&super::demo_recipe());
     cli.mut_subcommand("train", |c| annotate(c, &train))
         .mut_subcommand("demo", |c| annotate(c, &demo))
-        .mut_subcommand("lr-find", |c| lr_find_help(c, train))
+        .mut_subcommand("lr-find", |c| lr_find_help(c, train.clone()))
+        .mut_subcommand("show-batch", |c| show_batch_help(c, train))
+}
+
+/// `show-batch` takes train's flags with train's defaults, but --out is the picture.
+fn show_batch_help(cmd: Command, mut defaults: BTreeMap<String, String>) -> Command {
+    defaults.insert("out".into(), super::show_batch::DEFAULT_OUT.into());
+    let cmd = cmd
+        .mut_arg("out", |a| a.help("The PNG to write"))
+        .mut_arg("nproc_per_node", |a| a.help("Refused above 1: show-batch draws rank 0's batch in one process"));
+    annotate(cmd, &defaults)
 }
 
 /// `lr-find` takes train's flags with train's defaults, but --out and --lr are its own.
@@ -49,6 +59,11 @@ pub fn train_defaults() -> BTreeMap<String, String> {
     let mut train = shown_defaults(&TrainConfig::default());
     // Unset, it follows --model (config::resolve).
     train.insert("img_size".into(), "the model's input size: see ringtrain models".into());
+    // torchvision's names of ringtrain's settings show their default.
+    for (theirs, ours) in TORCHVISION_NAMES {
+        let shown = train[*ours].clone();
+        train.insert(theirs.to_string(), shown);
+    }
     train
 }
 
@@ -128,7 +143,7 @@ mod tests {
         }
         let text = subcommand("train").render_long_help().to_string();
         assert!(
-            text.contains("[default: 30]") && text.contains("[default: img-size / 0.875]"),
+            text.contains("[default: 30]") && text.contains("[default: val-crop-size / 0.875]"),
             "{text}"
         );
     }
@@ -143,7 +158,8 @@ mod tests {
         let mut seen = 0;
         for arg in subcommand("train").get_arguments() {
             let id = arg.get_id().as_str();
-            if ["config", "resume", "help", "quiet"].contains(&id) || launch.iter().any(|l| l == id) {
+            let torchvision_name = TORCHVISION_NAMES.iter().any(|(theirs, _)| *theirs == id);
+            if ["config", "resume", "help", "quiet"].contains(&id) || torchvision_name || launch.iter().any(|l| l == id) {
                 continue;
             }
             assert!(defaults.contains_key(id), "--{id} is not a config key");

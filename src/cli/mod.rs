@@ -4,6 +4,8 @@
 mod args;
 mod defaults;
 mod lr_find;
+mod show_batch;
+mod torchvision_command;
 
 use std::path::Path;
 
@@ -24,6 +26,7 @@ use crate::report::progress::warn_unreadable;
 use crate::shim;
 use crate::{bail_user, say};
 use args::{
+    RecipeCommand,
     BenchArgs, BenchDataArgs, Cli, Command, CompareArgs, ConvertArgs, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
     FusedCheckArgs, TraceTableArgs, TrainArgs,
 };
@@ -37,6 +40,8 @@ fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Some(Command::Train(args)) => train(&args),
         Some(Command::LrFind(args)) => lr_find::run(&args),
+        Some(Command::ShowBatch(args)) => show_batch::run(&args),
+        Some(Command::Recipe(RecipeCommand::FromTorchvision { out, command })) => recipe_from_torchvision(out.as_deref(), &command),
         Some(Command::Demo(args)) => demo(&args),
         Some(Command::Eval(args)) => eval(&args),
         Some(Command::Predict(args)) => predict(&args),
@@ -396,11 +401,13 @@ fn bench_data(a: &BenchDataArgs) -> Result<()> {
         channels_last: crate::device::channels_last(a.run.channels_last, device),
         cache: a.cache,
         on_device: a.data_on_device,
+        auto_augment: a.auto_augment,
     };
     say!(
-        "{} at {}px, batch {}, {} workers, {} epochs, {:?}{}",
+        "{} at {}px{}, batch {}, {} workers, {} epochs, {:?}{}",
         o.data.path.display(),
         o.img_size,
+        o.auto_augment.map_or(String::new(), |p| format!(" with --auto-augment {p}")),
         o.batch_size,
         o.workers,
         o.epochs,
@@ -654,4 +661,24 @@ pub fn main() -> i32 {
             1
         }
     }
+}
+
+/// `recipe from-torchvision`: the configuration, checked as train would read it, to --out or
+/// standard output; what was left behind also to standard error.
+fn recipe_from_torchvision(out: Option<&std::path::Path>, command: &[String]) -> Result<()> {
+    let t = torchvision_command::translate(command)?;
+    let text = torchvision_command::to_toml(&t, &command.join(" "));
+    let table = config::parse_toml(&text, std::path::Path::new("the made configuration"))?;
+    config::resolve(Some(table), toml::Table::new())?;
+    for d in &t.dropped {
+        crate::report::progress::warn(&format!("not carried over: {d}"));
+    }
+    match out {
+        Some(path) => {
+            crate::atomic::write_file(path, text.as_bytes())?;
+            say!("{} ({} settings, {} flags not carried over)", path.display(), t.settings.len(), t.dropped.len());
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
 }

@@ -102,6 +102,7 @@ pub fn evaluate(o: &EvaluateOptions) -> Result<Evaluation> {
                 config_toml: state.config.to_toml()?,
                 history: &state.history,
                 samples: Some(&data.samples),
+                first_batch: None,
             };
             Some(write_evaluation(&out, &state.classes, &result, &title, Default::default(), &ctx)?)
         }

@@ -31,6 +31,8 @@ pub struct PageContext<'a> {
     pub history: &'a [EpochRow],
     /// The evaluated images, in the evaluation's sample order (None: no pictures).
     pub samples: Option<&'a Samples>,
+    /// The run's first training batch as a PNG (`train::first_batch`), when it has one.
+    pub first_batch: Option<Vec<u8>>,
 }
 
 /// Writes the page atomically. `confusion_png`: the heat-map as written beside it.
@@ -56,6 +58,9 @@ pub fn write(
     if !ctx.history.is_empty() {
         h += " · <a href=\"#curves\">curves</a>";
     }
+    if ctx.first_batch.is_some() {
+        h += " · <a href=\"#first-batch\">first batch</a>";
+    }
     h += " · <a href=\"#classes\">per class</a> · <a href=\"#confusion\">confusion matrix</a> · \
           <a href=\"#confused-pairs\">most confused</a> · <a href=\"#top-losses\">highest losses</a> · \
           <a href=\"#class-losses\">highest losses per class</a></nav>\n";
@@ -73,6 +78,15 @@ pub fn write(
             h,
             "<section id=\"curves\"><h2>Training curves</h2><img class=\"wide\" alt=\"loss, accuracy and learning rate per epoch\" src=\"{}\"></section>\n",
             data_uri("image/png", &png)
+        );
+    }
+    if let Some(png) = &ctx.first_batch {
+        let _ = write!(
+            h,
+            "<section id=\"first-batch\"><h2>First training batch</h2><p class=\"note\">As the step received it: \
+             crop, flip, augmentation policy, erasing and Mixup/CutMix, each image with its label or its classes' \
+             weights in the mixed targets.</p><img class=\"wide\" alt=\"the first training batch\" src=\"{}\"></section>\n",
+            data_uri("image/png", png)
         );
     }
     class_table(&mut h, classes, report);
@@ -301,7 +315,7 @@ mod tests {
         let report = ClassificationReport::new(&classes, &targets, &preds);
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("report.html");
-        let ctx = PageContext { path: &path, command: "ringtrain eval".into(), config_toml: String::new(), history: &[], samples: None };
+        let ctx = PageContext { path: &path, command: "ringtrain eval".into(), config_toml: String::new(), history: &[], samples: None, first_batch: None };
         let png = plots::confusion_heatmap_png(&classes, &report.confusion, "t").unwrap();
         write(&ctx, "a <title>", &classes, &ev, &report, &png).unwrap();
         let html = std::fs::read_to_string(&path).unwrap();

@@ -94,3 +94,37 @@ fn short(name: &str) -> String {
     }
 }
 
+
+/// Pictures in a grid of `columns`, each scaled to fit a cell and captioned with up to two
+/// lines (a training batch with its labels, `ringtrain show-batch`).
+pub fn captioned_grid(pictures: &[RgbImage], captions: &[Vec<String>], columns: usize) -> Result<RgbImage> {
+    let columns = columns.clamp(1, pictures.len().max(1));
+    let rows = pictures.len().div_ceil(columns).max(1);
+    let (w, h) = (columns as u32 * CELL_W, rows as u32 * (PICTURE + CAPTION));
+    let corner = |k: usize| ((k % columns) as u32 * CELL_W, (k / columns) as u32 * (PICTURE + CAPTION));
+    let mut grid = RgbImage::from_pixel(w, h, image::Rgb([255, 255, 255]));
+    for (k, p) in pictures.iter().enumerate() {
+        // Small crops are enlarged with nearest neighbour: their pixels as the network sees them.
+        let scale = PICTURE as f64 / p.width().max(p.height()) as f64;
+        let (pw, ph) = ((p.width() as f64 * scale) as u32, (p.height() as f64 * scale) as u32);
+        let filter = if scale > 1.0 { image::imageops::FilterType::Nearest } else { image::imageops::FilterType::Triangle };
+        let t = image::imageops::resize(p, pw.max(1), ph.max(1), filter);
+        let (x, y) = corner(k);
+        let (dx, dy) = ((CELL_W - t.width()) / 2, (PICTURE - t.height()) / 2);
+        image::imageops::overlay(&mut grid, &t, (x + dx) as i64, (y + dy) as i64);
+    }
+    let font = fonts::family_for(captions.iter().flatten().map(String::as_str));
+    {
+        let root = BitMapBackend::with_buffer(&mut *grid, (w, h)).into_drawing_area();
+        for (k, lines) in captions.iter().enumerate().take(pictures.len()) {
+            let (x, y) = corner(k);
+            let cell = root.clone().shrink((x, y + PICTURE), (CELL_W, CAPTION));
+            let style = TextStyle::from((font, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Top));
+            for (i, line) in lines.iter().take(2).enumerate() {
+                cell.draw(&Text::new(line.clone(), (3, 2 + 15 * i as i32), style.color(&BLACK))).map_err(err)?;
+            }
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(grid)
+}

@@ -100,6 +100,9 @@ impl TrainData {
             }
         }
         let n_train = train_samples.len();
+        if cfg.ra_sampler {
+            check_repeatable(&train_samples, ctx.world(), ctx.rank_batch, data_dir)?;
+        }
         check_something_decodes(&train_samples, data_dir)?;
         if cfg.batch_size > n_train {
             return Err(user_error(format!(
@@ -135,6 +138,10 @@ impl TrainData {
             cache: cache.budget.clone(),
             ..LoaderOptions::in_order(rank_batch, workers).for_device(&normalize)
         };
+        let per_rank = match cfg.ra_sampler {
+            true => crate::data::load::order::repeated_len(n_train, world),
+            false => n_train.div_ceil(world),
+        };
         let mut source = describe_source(&train_set);
         let mut train = Loader::new(
             train_samples,
@@ -151,13 +158,16 @@ impl TrainData {
                 }),
                 pad: cfg.crop_padding,
                 interpolation: cfg.interpolation(),
+                color_jitter: crate::data::augment::jitter::ColorJitter::from_flag(&cfg.color_jitter)?,
+                policy: cfg.policy(),
             },
             // A last batch of one image would break BatchNorm's training statistics: drop only
             // that. Padded shards are equal, so every rank takes the same number of steps.
             LoaderOptions {
                 shuffle: true,
-                drop_last: n_train.div_ceil(world) % rank_batch == 1,
+                drop_last: per_rank % rank_batch == 1,
                 shard: shard(true),
+                repeats: if cfg.ra_sampler { cfg.ra_reps } else { 1 },
                 ..base.clone()
             },
         )?;
@@ -278,6 +288,26 @@ fn refill(batch: Batch, want: usize) -> Result<Batch> {
         indices: pick.iter().map(|&j| batch.indices[j as usize]).collect(),
         unreadable: batch.unreadable,
     })
+}
+
+/// `--ra-sampler` takes a map-style source (tar shards and parquet row groups stream in
+/// WebDataset's order) and, as torchvision's `RASampler` keeps n // 256 * 256 images an epoch
+/// over the ranks, at least a full batch of them per rank.
+fn check_repeatable(samples: &Samples, world: usize, rank_batch: usize, root: &Path) -> Result<()> {
+    if samples.shard_files().is_some() {
+        return Err(user_error(format!(
+            "--ra-sampler: --data {} streams its shards in WebDataset's order; repeated augmentation needs a folder, a label file or a pack",
+            root.display()
+        )));
+    }
+    let per_rank = crate::data::load::order::repeated_len(samples.len(), world);
+    if per_rank < rank_batch {
+        return Err(user_error(format!(
+            "--ra-sampler keeps {} // 256 * 256 training images an epoch, {per_rank} per rank: fewer than a batch of {rank_batch} (as torchvision's RASampler); drop --ra-sampler for a set this small",
+            samples.len()
+        )));
+    }
+    Ok(())
 }
 
 /// A data set where nothing decodes is an error before training, not a run of unreadable

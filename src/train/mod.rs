@@ -2,6 +2,7 @@
 //! checkpoint, metrics) → the best epoch's classification report.
 pub mod context;
 pub mod dataset;
+pub mod first_batch;
 pub mod lifecycle;
 pub mod lr_find;
 pub mod reporter;
@@ -50,6 +51,9 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
         return Ok(done);
     }
     let run_dir = RunDir::prepare(cfg, &data.classes, &ctx, resume.is_new_run())?;
+    if resume.is_new_run() {
+        run_dir.write_first_batch(|| first_batch::png(cfg, &data, ctx.pg.rank))?;
+    }
     // The data it starts with, recorded for a later resume while the first steps run.
     let record = ctx.is_main() && (resume.is_new_run() || recorded.is_none());
     let _recording = Recording::start_if(record, &run_dir.path, data.train.samples(), data.val.samples());

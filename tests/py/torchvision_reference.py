@@ -36,7 +36,8 @@
   torchvision_reference.py grad_scaler STEPS BAD    GradScaler's scale and step decisions
   torchvision_reference.py pixel_stats ROOT        per-channel mean/std over all pixels (NumPy)
   torchvision_reference.py imagefolder ROOT        JSON: classes and samples as ImageFolder sees them
-  torchvision_reference.py optimizer IN OUT KIND IMPL  torch.optim steps on a scripted problem
+  torchvision_reference.py optimizer IN OUT KIND IMPL  torch.optim (timm.optim for LARS and LAMB)
+      steps on a scripted problem
   torchvision_reference.py plateau METRICS MODE ...  ReduceLROnPlateau's LR after each metric
   torchvision_reference.py ema STATES K DECAY OUT   AveragedModel EMA (use_buffers) of resnet18 states
   torchvision_reference.py sgd_step ROOT SIZE WEIGHTS OPTIM OUT [WD]   one SGD step of resnet18 on
@@ -325,7 +326,9 @@ def opt_grad(p, k):
 
 def optimizer(inp, out, kind, impl):
     """Runs torch.optim.{SGD, Adam, AdamW} (kind: sgd, sgd_nesterov, sgd_plain, adam, adamw) with
-    impl "fused" or "forloop" under torch.amp.GradScaler("cpu") (its defaults: scale 65536,
+    impl "fused" or "forloop", or timm.optim.{Lars, Lamb} (kind: lars, lars_nesterov, lamb; trust
+    coefficient 0.001, Lamb's defaults) with impl "foreach" or "forloop", under
+    torch.amp.GradScaler("cpu") (its defaults: scale 65536,
     dynamic) on the parameters in IN: groups body (decay), bn.* (no decay), fc.* (head, 10x lr);
     gradient (sin(p * (k + 1)) + 0.1 k) * scale at step k, from backward of a scaled loss;
     at step OPT_SKIPPED_STEP body.weight's first gradient is inf. scaler.step / scaler.update as
@@ -335,14 +338,21 @@ def optimizer(inp, out, kind, impl):
     from safetensors.torch import load_file
     init = load_file(inp)
     ps = {k: torch.nn.Parameter(v.clone()) for k, v in init.items()}
-    wd = {"sgd": 1e-4, "sgd_nesterov": 1e-3, "sgd_plain": 1e-2, "adam": 1e-2, "adamw": 0.05}[kind]
+    wd = {"sgd": 1e-4, "sgd_nesterov": 1e-3, "sgd_plain": 1e-2, "adam": 1e-2, "adamw": 0.05, "lars": 5e-5,
+          "lars_nesterov": 1e-3, "lamb": 0.02}[kind]
     groups = [
         {"params": [ps["body.weight"]], "weight_decay": wd, "mult": 1.0},
         {"params": [ps["bn.bias"], ps["bn.weight"]], "weight_decay": 0.0, "mult": 1.0},
         {"params": [ps["fc.bias"], ps["fc.weight"]], "weight_decay": wd, "mult": OPT_HEAD_MULT},
     ]
-    flags = {"fused": True} if impl == "fused" else {"foreach": False}
-    if kind.startswith("sgd"):
+    flags = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+    if kind.startswith("lars"):
+        import timm.optim
+        opt = timm.optim.Lars(groups, lr=0.1, momentum=0.9, nesterov=kind == "lars_nesterov", **flags)
+    elif kind == "lamb":
+        import timm.optim
+        opt = timm.optim.Lamb(groups, lr=0.1, **flags)
+    elif kind.startswith("sgd"):
         momentum = 0.0 if kind == "sgd_plain" else 0.9
         opt = torch.optim.SGD(groups, lr=0.1, momentum=momentum, nesterov=kind == "sgd_nesterov", **flags)
     elif kind == "adam":
@@ -366,6 +376,12 @@ def optimizer(inp, out, kind, impl):
         for key, v in opt.state[p].items():
             if torch.is_tensor(v):
                 result[f"{name}.{key}"] = v.detach().float().contiguous().reshape(v.shape)
+    # timm's Lamb counts steps per group; ringtrain keeps the count under each parameter.
+    for g in opt.param_groups:
+        if "step" in g:
+            for p in g["params"]:
+                name = next(n for n, q in ps.items() if q is p)
+                result[f"{name}.step"] = g["step"].detach().float().reshape(()).clone()
     result["scaler.scale"] = scaler._scale.detach().float().reshape(())
     result["scaler.growth_tracker"] = scaler._growth_tracker.detach().float().reshape(())
     save_file(result, out)

@@ -1,6 +1,11 @@
 //! Augmentation: operations on pixels. On the host, on each decoded image: crop and resize,
 //! flip, padding (`transform.rs`) and erasing (`erasing.rs`); on the device, on each batch:
-//! Mixup and CutMix (`mixup.rs`). Augmentation policies belong here too. Uses `pixels` only.
+//! Mixup and CutMix (`mixup.rs`). On the host too, after the flip: the augmentation policies
+//! (`policy.rs`: TrivialAugmentWide, RandAugment, AutoAugment, AugMix) and their operations
+//! (`ops.rs`), and ColorJitter (`jitter.rs`). Uses `pixels` only.
 pub mod erasing;
+pub mod jitter;
 pub mod mixup;
+pub mod ops;
+pub mod policy;
 pub mod transform;

@@ -4,7 +4,7 @@
 //! - train: RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(0.5)
 //! - train, CIFAR style (`pad`): Resize(size) + RandomCrop(size, padding=pad) + flip
 //! - eval:  Resize(resize_size) (shorter side) + CenterCrop(size)
-//! - train, optionally: RandomErasing (`erasing.rs`) on the output
+//! - train, optionally: an augmentation policy (`policy.rs`), then RandomErasing (`erasing.rs`)
 //!
 //! Output is size×size RGB8 (HWC); float conversion and Normalize happen on the device.
 use anyhow::{Context, Result};
@@ -13,6 +13,8 @@ use image::RgbImage;
 use rand::Rng;
 
 use super::erasing::RandomErasing;
+use super::jitter::ColorJitter;
+use super::policy::Policy;
 use crate::data::pixels::{CropBox, RgbView};
 
 crate::flag_enum! {
@@ -46,6 +48,9 @@ pub enum Transform {
         /// instead of RandomResizedCrop (scale and ratio then unused).
         pad: Option<u32>,
         interpolation: Interpolation,
+        /// `--color-jitter` after the flip, then `--auto-augment`'s policy, before erasing.
+        color_jitter: Option<ColorJitter>,
+        policy: Option<Policy>,
     },
     Eval {
         size: u32,
@@ -301,7 +306,17 @@ impl Transform {
             erase: None,
             pad: None,
             interpolation,
+            color_jitter: None,
+            policy: None,
         }
+    }
+
+    /// The training transform with `p` after its flip.
+    pub fn with_policy(mut self, p: Policy) -> Self {
+        if let Transform::Train { policy, .. } = &mut self {
+            *policy = Some(p);
+        }
+        self
     }
 
     /// Resize(resize) (the shorter side) + CenterCrop(size), resized with `interpolation`.
@@ -388,13 +403,26 @@ impl Transform {
     /// Step two: resize `bx` of `img` into `out`, then flip and erase (the remaining draws).
     pub fn finish(&self, img: RgbView<'_>, bx: CropBox, rng: &mut impl Rng, out: &mut [u8]) -> Result<()> {
         self.resize_into(img, bx, out)?;
-        if let Transform::Train { size, ref erase, .. } = *self {
+        if let Transform::Train {
+            size,
+            ref erase,
+            ref color_jitter,
+            ref policy,
+            ..
+        } = *self
+        {
             let moves = self.moves(rng);
             if let Some((dx, dy)) = moves.shift {
                 shift_with_zero_fill(out, size as usize, dx, dy);
             }
             if moves.flip {
                 flip_horizontal(out, size as usize);
+            }
+            if let Some(j) = color_jitter {
+                j.apply(out, size as usize, rng);
+            }
+            if let Some(p) = policy {
+                p.apply(out, size as usize, rng);
             }
             if let Some(e) = erase {
                 e.apply(out, size as usize, rng);
@@ -489,6 +517,8 @@ mod tests {
             erase,
             pad: None,
             interpolation: Interpolation::Bilinear,
+            color_jitter: None,
+            policy: None,
         };
         let erase = |p| {
             Some(RandomErasing {

@@ -17,7 +17,7 @@ use tch::{Device, Kind, Tensor};
 use super::cache::{Budget, Cache};
 use super::normalize::{HostNormalize, Normalizer};
 use super::on_device::{DeviceSet, DeviceSetOptions};
-use super::order::stream_order;
+use super::order::{repeated_len, repeated_order, stream_order};
 use super::sample::{load_sample, Batch};
 use crate::data::augment::transform::Transform;
 use crate::data::source::Samples;
@@ -38,6 +38,7 @@ pub struct Loader {
     pin_memory: bool,
     whole_jpeg: bool,
     cache: Option<Arc<Cache>>,
+    repeats: usize,
     /// `--data-on-device`: the whole set on the device; batches are made there, not by the pool.
     on_device: Option<DeviceSet>,
     pool: Arc<rayon::ThreadPool>,
@@ -79,6 +80,9 @@ pub struct LoaderOptions {
     pub whole_jpeg: bool,
     /// Keep each decoded image in RAM within this budget (`--cache`).
     pub cache: Option<Arc<Budget>>,
+    /// Repeated augmentation (`--ra-sampler --ra-reps N`): each image N times an epoch, in
+    /// torchvision's `RASampler` order (`order::repeated_order`); 1 is off.
+    pub repeats: usize,
 }
 
 /// WebDataset's usual buffer (`.shuffle(1000)`). Here it holds sample numbers, not images: its
@@ -104,6 +108,7 @@ impl LoaderOptions {
             pin_memory: false,
             whole_jpeg: false,
             cache: None,
+            repeats: 1,
         }
     }
 
@@ -144,6 +149,7 @@ impl Loader {
             normalize: o.normalize,
             pin_memory: o.pin_memory,
             whole_jpeg: o.whole_jpeg,
+            repeats: o.repeats.max(1),
             pool: Arc::new(pool),
         })
     }
@@ -175,6 +181,9 @@ impl Loader {
     /// Samples this rank sees per epoch.
     pub fn shard_len(&self) -> usize {
         let n = self.samples.len();
+        if self.repeats > 1 {
+            return repeated_len(n, self.shard.map_or(1, |s| s.world));
+        }
         match self.shard {
             None => n,
             Some(Shard { world, pad: true, .. }) => n.div_ceil(world),
@@ -196,8 +205,9 @@ impl Loader {
     }
 
     /// This rank's sample order for an epoch: a seeded permutation (or the folder order),
-    /// then its shard. Tar shards are shuffled and split by shard instead, as WebDataset does
-    /// (`order::stream_order`), to the same number of samples per rank.
+    /// then its shard (with repeated augmentation, draw keys: sample + n·copy). Tar shards are
+    /// shuffled and split by shard instead, as WebDataset does (`order::stream_order`), to the
+    /// same number of samples per rank.
     pub fn order(&self, epoch: u64) -> Vec<usize> {
         if self.shuffle && self.samples.shard_of(0).is_some() {
             let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));
@@ -208,6 +218,10 @@ impl Loader {
         let mut order: Vec<usize> = (0..self.samples.len()).collect();
         if self.shuffle {
             order.shuffle(&mut seeds::shuffle(self.seed, epoch));
+        }
+        if self.repeats > 1 {
+            let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));
+            return repeated_order(&order, self.repeats, (rank, world));
         }
         match self.shard {
             None => order,
@@ -386,7 +400,8 @@ impl BatchJob<'_> {
             _ => images,
         };
         let (mut kept, mut kept_rows, mut unreadable) = (Vec::with_capacity(n), Vec::new(), Vec::new());
-        for (row, (&i, r)) in indices.iter().zip(results).enumerate() {
+        for (row, (&key, r)) in indices.iter().zip(results).enumerate() {
+            let i = key % self.samples.len();
             match r {
                 Ok(()) => {
                     kept.push(i);
@@ -415,9 +430,11 @@ impl BatchJob<'_> {
         })
     }
 
-    fn load(&self, i: usize, out: &mut [u8]) -> Result<()> {
+    /// The sample of draw `key` (`Loader::order`'s entries) into `out`.
+    fn load(&self, key: usize, out: &mut [u8]) -> Result<()> {
         let s = (self.seed, self.epoch);
-        load_sample(self.samples, i, self.transform, s, self.whole_jpeg, self.cache, out)
+        let i = key % self.samples.len();
+        load_sample(self.samples, (i, key), self.transform, s, self.whole_jpeg, self.cache, out)
     }
 }
 

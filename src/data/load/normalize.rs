@@ -94,6 +94,18 @@ impl Normalizer {
         self.shift.addcmul(&x, &self.scale)
     }
 
+    /// The inverse of `apply`: normalised f32 [B,3,H,W] back to uint8 pixels [B,H,W,3] on the
+    /// CPU, rounded (what the step's input looks like, for a picture of it).
+    pub fn to_pixels(&self, x: &Tensor) -> Tensor {
+        ((x - &self.shift) / &self.scale)
+            .round()
+            .clamp(0.0, 255.0)
+            .to_kind(Kind::Uint8)
+            .permute([0, 2, 3, 1])
+            .to_device(Device::Cpu)
+            .contiguous()
+    }
+
     /// Produce channels_last batches (for a model in that memory format).
     pub fn channels_last(mut self, on: bool) -> Self {
         self.host.channels_last = on;

@@ -233,7 +233,7 @@ fn prepare(samples: &Samples, i: usize, t: &Transform, canvas: bool, whole_jpeg:
             let (img, whole) = decode(samples, i, t.jpeg_shrink_to().filter(|_| !whole_jpeg))?;
             t.resize_into((&img).into(), whole, &mut out)?;
         }
-        Transform::Eval { .. } => load_sample(samples, i, t, (0, 0), whole_jpeg, None, &mut out)?,
+        Transform::Eval { .. } => load_sample(samples, (i, i), t, (0, 0), whole_jpeg, None, &mut out)?,
     }
     Ok(out)
 }

@@ -54,6 +54,36 @@ pub fn stream_order(
     out
 }
 
+/// Samples per rank per epoch with repeated augmentation: torchvision's `RASampler` keeps
+/// floor(n // 256 * 256 / world) of them, so the epoch is no longer than without repeats.
+pub fn repeated_len(n: usize, world: usize) -> usize {
+    n / 256 * 256 / world
+}
+
+/// Repeated augmentation as torchvision's `RASampler` (and timm's `RepeatAugSampler` with its
+/// defaults) orders an epoch: each sample of the permutation `perm` `reps` times in a row, the
+/// list padded from its front to a multiple of `world`, every `world`-th entry from `rank` on
+/// (so a sample's copies fall on neighbouring ranks), cut to `repeated_len`. Entries are draw
+/// keys, sample + n·copy (`copy` counts the sample's earlier entries in the list), so that every
+/// copy gets its own augmentation: key % n is the sample.
+pub fn repeated_order(perm: &[usize], reps: usize, (rank, world): (usize, usize)) -> Vec<usize> {
+    let n = perm.len();
+    let per_rank = (n * reps).div_ceil(world);
+    let listed: Vec<usize> = perm
+        .iter()
+        .flat_map(|&i| (0..reps).map(move |copy| i + n * copy))
+        .collect();
+    let padding = (per_rank * world).saturating_sub(listed.len());
+    // A padded entry repeats an early one: its key moves past every listed copy.
+    let padded = listed.iter().take(padding).map(|&k| k + n * reps);
+    let all: Vec<usize> = listed.iter().copied().chain(padded).collect();
+    all.into_iter()
+        .skip(rank)
+        .step_by(world)
+        .take(repeated_len(n, world))
+        .collect()
+}
+
 /// The number of shards the samples `0..n` come from (those holding at least one of them).
 pub fn shard_count(n: usize, shard_of: impl Fn(usize) -> usize) -> usize {
     let mut held = Vec::new();

@@ -23,19 +23,20 @@ pub struct Batch {
     pub unreadable: Vec<(PathBuf, String)>,
 }
 
-/// Sample `i` transformed into `out` (size×size RGB8) with the randomness of (seed, epoch, i):
+/// Sample `i` transformed into `out` (size×size RGB8) with the randomness of (seed, epoch, key)
+/// (`key` is i, or with repeated augmentation i + n·copy):
 /// from the RAM cache when it holds it, else read and decoded (a JPEG shrunk while decoding where
 /// the transform allows, unless `whole_jpeg` or caching), then kept in the cache if one is given.
 pub fn load_sample(
     samples: &Samples,
-    i: usize,
+    (i, key): (usize, usize),
     t: &Transform,
     (seed, epoch): (u64, u64),
     whole_jpeg: bool,
     cache: Option<&Cache>,
     out: &mut [u8],
 ) -> Result<()> {
-    let rng = &mut seeds::sample(seed, epoch, i as u64);
+    let rng = &mut seeds::sample(seed, epoch, key as u64);
     let stored = match cache.and_then(|c| c.get(i)) {
         Some(img) => Stored::Raw(img),
         None => samples.read(i)?,

@@ -35,6 +35,9 @@ pub struct CheckpointState {
     pub classes: Vec<String>,
     pub img_size: u32,
     pub eval_resize: u32,
+    /// The evaluation's centre crop (checkpoints from before `--val-crop-size`: img_size).
+    #[serde(default)]
+    pub val_crop_size: Option<u32>,
     /// The resize filter (checkpoints from before `--interpolation` resized bilinear).
     #[serde(default)]
     pub interpolation: Interpolation,
@@ -91,6 +94,7 @@ impl CheckpointState {
             classes: classes.to_vec(),
             img_size: cfg.img_size,
             eval_resize: cfg.eval_resize(),
+            val_crop_size: cfg.val_crop_size,
             interpolation: cfg.interpolation(),
             mean: cfg.mean.clone(),
             std: cfg.std.clone(),
@@ -135,7 +139,8 @@ impl CheckpointState {
     /// The run's evaluation transform, with `interpolation` for its filter when given
     /// (`--interpolation` of eval and predict), else the run's.
     pub fn eval_transform(&self, interpolation: Option<Interpolation>) -> Transform {
-        Transform::eval(self.img_size, self.eval_resize, interpolation.unwrap_or(self.interpolation))
+        let crop = self.val_crop_size.unwrap_or(self.img_size);
+        Transform::eval(crop, self.eval_resize, interpolation.unwrap_or(self.interpolation))
     }
 }
 

@@ -85,7 +85,7 @@ impl Resume {
         t.opt
             .load_state(checkpoint::read_tensors(&opt_file, &flag)?)
             .map_err(|e| user_error(format!("{flag}: {}: {e:#}", checkpoint::OPTIMIZER_FILE)))?;
-        if let Some(decay) = cfg.ema {
+        if cfg.ema.is_some() || cfg.model_ema {
             let f = dir.join(checkpoint::EMA_FILE);
             if f.is_file() {
                 let ema = t.ema.as_mut().expect("ema is on");
@@ -94,7 +94,7 @@ impl Resume {
                     .map_err(|e| user_error(format!("{flag}: {e:#}")))?;
             } else {
                 say!("resume: the checkpoint has no moving average; --ema starts from the current weights");
-                t.ema = Some(Ema::new(&t.model, t.num_classes(), decay)?);
+                t.ema = Ema::of_config(cfg, &t.model, t.num_classes())?;
             }
         }
         if let (Some(s), Some(saved)) = (t.scaler.as_mut(), &st.scaler) {
@@ -152,8 +152,8 @@ fn check_resume(cfg: &TrainConfig, st: &CheckpointState, classes: &[String], dir
         ("--seed", cfg.seed.to_string(), c.seed.to_string()),
         (
             "--ema",
-            format!("{:?}", cfg.ema.is_some()),
-            format!("{:?}", c.ema.is_some()),
+            format!("{:?}", cfg.ema.is_some() || cfg.model_ema),
+            format!("{:?}", c.ema.is_some() || c.model_ema),
         ),
     ];
     for (flag, ours, theirs) in fixed {

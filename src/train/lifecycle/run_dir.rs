@@ -25,6 +25,9 @@ use crate::train::step::meter::EpochMeter;
 use crate::train::step::state::{RunState, Validation};
 use crate::train::step::trainer::Trainer;
 
+/// A new run's first training batch, drawn (`train::first_batch`), shown in report.html.
+pub const FIRST_BATCH: &str = "first-batch.png";
+
 pub struct RunDir {
     pub path: PathBuf,
     /// The run's settings and classes, recorded in every checkpoint.
@@ -41,6 +44,20 @@ pub struct RunDir {
 }
 
 impl RunDir {
+    /// The first batch's picture, written by the rank that writes. None: its batch could not
+    /// be read, which the training's own first step reports.
+    pub fn write_first_batch(&self, png: impl FnOnce() -> Result<Option<Vec<u8>>>) -> Result<()> {
+        if !self.writes {
+            return Ok(());
+        }
+        match png() {
+            Ok(Some(png)) => atomic::write_file(&self.path.join(FIRST_BATCH), &png),
+            Ok(None) => Ok(()),
+            // A picture never stops a run.
+            Err(e) => Ok(crate::report::progress::warn(&format!("the first batch could not be drawn ({e:#}); training goes on"))),
+        }
+    }
+
     /// Makes `cfg.out` ready: an earlier run's outputs removed for a new run (preflight refused
     /// them unless `--overwrite`, or `--resume auto` found no checkpoint), temporary files of a
     /// killed write removed, config.toml written.
@@ -159,6 +176,7 @@ impl RunDir {
                     config_toml: self.cfg.to_toml()?,
                     history: &state.history,
                     samples: Some(val),
+                    first_batch: std::fs::read(self.path.join(FIRST_BATCH)).ok(),
                 },
             ),
             false => Ok(ClassificationReport::new(classes, &best.targets, &best.preds)),

@@ -1,7 +1,8 @@
 //! SGD, Adam and AdamW with PyTorch's update rules, on torch.optim's fused kernels (reached
-//! through the shim), with their state held here in the open so checkpoints can save and restore
-//! it by parameter name. Parameters fall into groups that differ in learning-rate multiplier
-//! (`--head-lr-mult`) and weight decay (`--no-bn-weight-decay`).
+//! through the shim), and LARS and LAMB with timm's, on ATen's foreach kernels; their state is
+//! held here in the open so checkpoints can save and restore it by parameter name. Parameters
+//! fall into groups that differ in learning-rate multiplier (`--head-lr-mult`), weight decay
+//! (`--no-bn-weight-decay`) and, for LARS and LAMB, whether the trust ratio applies.
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{bail, Result};
@@ -9,12 +10,21 @@ use tch::{Kind, Tensor};
 
 use crate::config::{OptimizerKind, TrainConfig};
 use crate::model::LayerMap;
-use crate::shim::{self, AdamParams, Lr, SgdParams};
+use crate::shim::{self, AdamParams, LambParams, LarsParams, Lr, SgdParams};
+
+/// timm.optim.Lars's eps, in the trust ratio's denominator.
+const LARS_EPS: f64 = 1e-8;
+/// timm.optim.Lamb's defaults: betas, eps, and the global gradient norm it clips to itself.
+const LAMB_BETAS: (f64, f64) = (0.9, 0.999);
+const LAMB_EPS: f64 = 1e-6;
+pub const LAMB_MAX_GRAD_NORM: f64 = 1.0;
 
 /// Parameters that share a learning-rate multiplier and a weight decay.
 pub struct Group {
     pub lr_mult: f64,
     pub weight_decay: f64,
+    /// LARS and LAMB: the trust ratio applies (not to the names without weight decay).
+    pub adapt: bool,
     pub names: Vec<String>,
     pub params: Vec<Tensor>,
     state: GroupState,
@@ -32,21 +42,34 @@ enum GroupState {
         /// float32 scalars on the parameter's device, as torch's fused Adam keeps them.
         step: Vec<Tensor>,
     },
+    /// Momentum buffers (empty when momentum is 0), starting at zero as SGD's.
+    Lars { bufs: Vec<Tensor> },
+    Lamb {
+        exp_avg: Vec<Tensor>,
+        exp_avg_sq: Vec<Tensor>,
+        /// The group's step count (timm keeps one per group), a float32 scalar on the device.
+        step: Tensor,
+    },
 }
 
 pub struct Optimizer {
     kind: OptimizerKind,
     momentum: f64,
     nesterov: bool,
+    lars_eta: f64,
     pub groups: Vec<Group>,
 }
 
-/// How a parameter is placed: (learning-rate multiplier, weight decay).
+/// How a parameter is placed: (learning-rate multiplier, weight decay, trust ratio).
 pub struct Placement<'a> {
     pub head_prefix: &'a str,
     pub head_lr_mult: f64,
-    /// Names that get no weight decay (`--no-bn-weight-decay`, `--no-norm-bias-decay`).
-    pub no_decay: &'a HashSet<String>,
+    /// Each parameter's weight decay where it is not --weight-decay (`--no-bn-weight-decay`,
+    /// `--no-norm-bias-decay`, `--norm-weight-decay`, `--bias-weight-decay`).
+    pub decay: &'a HashMap<String, f64>,
+    /// With LARS and LAMB: the parameters left out of the trust ratio and the decay, norms
+    /// and biases (MLPerf's skip list, timm's groups).
+    pub not_adapted: &'a HashSet<String>,
     /// `--layer-decay`: the decay and the model's layers.
     pub layer_decay: Option<(f64, &'a LayerMap)>,
 }
@@ -71,21 +94,23 @@ impl Placement<'_> {
 impl Optimizer {
     /// An optimizer over `params` (name, tensor), in name order, grouped by `placement`.
     pub fn new(cfg: &TrainConfig, params: &[(String, Tensor)], placement: &Placement) -> Self {
-        let mut by_key: BTreeMap<(u64, u64), Vec<&(String, Tensor)>> = BTreeMap::new();
+        let mut by_key: BTreeMap<(u64, u64, bool), Vec<&(String, Tensor)>> = BTreeMap::new();
         let mut sorted: Vec<&(String, Tensor)> = params.iter().collect();
         sorted.sort_by(|a, b| a.0.cmp(&b.0));
         for p in sorted {
             let mult = placement.lr_mult(&p.0);
-            let wd = if placement.no_decay.contains(&p.0) {
-                0.0
-            } else {
-                cfg.weight_decay
+            let excluded = placement.not_adapted.contains(&p.0);
+            let wd = match excluded {
+                true => 0.0,
+                false => placement.decay.get(&p.0).copied().unwrap_or(cfg.weight_decay),
             };
-            by_key.entry((mult.to_bits(), wd.to_bits())).or_default().push(p);
+            // MLPerf's rule: excluded by name, so `--weight-decay 0` still adapts the rest.
+            let adapt = cfg.optimizer.layer_wise() && !excluded;
+            by_key.entry((mult.to_bits(), wd.to_bits(), adapt)).or_default().push(p);
         }
         let groups = by_key
             .into_iter()
-            .map(|((mult, wd), ps)| {
+            .map(|((mult, wd, adapt), ps)| {
                 let params: Vec<Tensor> = ps.iter().map(|p| p.1.shallow_clone()).collect();
                 let zeros = || -> Vec<Tensor> { params.iter().map(|p| p.zeros_like()).collect() };
                 let state = match cfg.optimizer {
@@ -99,10 +124,18 @@ impl Optimizer {
                             .map(|p| Tensor::zeros([], (Kind::Float, p.device())))
                             .collect(),
                     },
+                    OptimizerKind::Lars if cfg.momentum == 0.0 => GroupState::Lars { bufs: Vec::new() },
+                    OptimizerKind::Lars => GroupState::Lars { bufs: zeros() },
+                    OptimizerKind::Lamb => GroupState::Lamb {
+                        exp_avg: zeros(),
+                        exp_avg_sq: zeros(),
+                        step: Tensor::zeros([], (Kind::Float, params.first().map_or(tch::Device::Cpu, |p| p.device()))),
+                    },
                 };
                 Group {
                     lr_mult: f64::from_bits(mult),
                     weight_decay: f64::from_bits(wd),
+                    adapt,
                     names: ps.iter().map(|p| p.0.clone()).collect(),
                     params,
                     state,
@@ -113,6 +146,7 @@ impl Optimizer {
             kind: cfg.optimizer,
             momentum: cfg.momentum,
             nesterov: cfg.nesterov,
+            lars_eta: cfg.lars_eta,
             groups,
         }
     }
@@ -133,7 +167,18 @@ impl Optimizer {
     /// the kernels). Parameters without a gradient are left alone, as in torch. With
     /// `found_inf` holding 1 (an fp16 overflow) the step changes nothing, decided on the device.
     pub fn step(&mut self, lr: Lr, found_inf: Option<&Tensor>) -> Result<()> {
-        let (momentum, nesterov, kind) = (self.momentum, self.nesterov, self.kind);
+        let (momentum, nesterov, kind, lars_eta) = (self.momentum, self.nesterov, self.kind, self.lars_eta);
+        // LAMB clips the global gradient norm of all groups itself, before any group steps.
+        let lamb_clip = match kind {
+            OptimizerKind::Lamb => {
+                let grads: Vec<Tensor> = self.params().map(|p| p.grad()).filter(|g| g.defined()).collect();
+                match grads.is_empty() {
+                    true => None,
+                    false => Some(shim::lamb_clip(&grads, LAMB_MAX_GRAD_NORM)?),
+                }
+            }
+            _ => None,
+        };
         for g in &mut self.groups {
             let scaled;
             let lr = match lr {
@@ -147,9 +192,11 @@ impl Optimizer {
             let with_grad: Vec<usize> = (0..g.params.len()).filter(|&i| g.params[i].grad().defined()).collect();
             let params: Vec<Tensor> = with_grad.iter().map(|&i| g.params[i].shallow_clone()).collect();
             let grads: Vec<Tensor> = with_grad.iter().map(|&i| g.params[i].grad()).collect();
-            if params.is_empty() {
+            // timm counts a LAMB group's step even when none of its parameters has a gradient.
+            if params.is_empty() && !matches!(g.state, GroupState::Lamb { .. }) {
                 continue;
             }
+            let pick = |v: &[Tensor]| with_grad.iter().map(|&i| v[i].shallow_clone()).collect::<Vec<_>>();
             match &mut g.state {
                 GroupState::Sgd { bufs } => {
                     let h = SgdParams {
@@ -170,7 +217,6 @@ impl Optimizer {
                     exp_avg_sq,
                     step,
                 } => {
-                    let pick = |v: &[Tensor]| with_grad.iter().map(|&i| v[i].shallow_clone()).collect::<Vec<_>>();
                     let h = AdamParams {
                         beta1: 0.9,
                         beta2: 0.999,
@@ -189,19 +235,45 @@ impl Optimizer {
                         found_inf,
                     )?;
                 }
+                GroupState::Lars { bufs } => {
+                    let h = LarsParams {
+                        momentum,
+                        weight_decay: g.weight_decay,
+                        nesterov,
+                        trust_coeff: lars_eta,
+                        eps: LARS_EPS,
+                        adapt: g.adapt,
+                    };
+                    shim::lars(&params, &grads, &pick(bufs), lr, h, found_inf)?;
+                }
+                GroupState::Lamb {
+                    exp_avg,
+                    exp_avg_sq,
+                    step,
+                } => {
+                    let h = LambParams {
+                        beta1: LAMB_BETAS.0,
+                        beta2: LAMB_BETAS.1,
+                        eps: LAMB_EPS,
+                        weight_decay: g.weight_decay,
+                        adapt: g.adapt,
+                    };
+                    let (m, v) = (pick(exp_avg), pick(exp_avg_sq));
+                    shim::lamb(&params, &grads, &m, &v, step, lamb_clip.as_ref(), lr, h, found_inf)?;
+                }
             }
         }
         Ok(())
     }
 
     /// The state as named tensors, `<parameter>.<momentum_buffer|exp_avg|exp_avg_sq|step>`
-    /// (torch.optim's state keys), for `optimizer.safetensors`.
+    /// (torch.optim's and timm's state keys), for `optimizer.safetensors`.
     pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
         for g in &self.groups {
             for (i, name) in g.names.iter().enumerate() {
                 match &g.state {
-                    GroupState::Sgd { bufs } => {
+                    GroupState::Sgd { bufs } | GroupState::Lars { bufs } => {
                         if let Some(b) = bufs.get(i) {
                             out.push((format!("{name}.momentum_buffer"), b.shallow_clone()));
                         }
@@ -214,6 +286,16 @@ impl Optimizer {
                         out.push((format!("{name}.exp_avg"), exp_avg[i].shallow_clone()));
                         out.push((format!("{name}.exp_avg_sq"), exp_avg_sq[i].shallow_clone()));
                         out.push((format!("{name}.step"), step[i].shallow_clone()));
+                    }
+                    GroupState::Lamb {
+                        exp_avg,
+                        exp_avg_sq,
+                        step,
+                    } => {
+                        out.push((format!("{name}.exp_avg"), exp_avg[i].shallow_clone()));
+                        out.push((format!("{name}.exp_avg_sq"), exp_avg_sq[i].shallow_clone()));
+                        // The group's count under each of its parameters, as torch keeps Adam's.
+                        out.push((format!("{name}.step"), step.shallow_clone()));
                     }
                 }
             }
@@ -236,33 +318,29 @@ impl Optimizer {
                         dst.shallow_clone().copy_(src);
                         Ok(())
                     };
-                    match &mut g.state {
-                        GroupState::Sgd { bufs } => {
-                            if let Some(dst) = bufs.get(i) {
-                                match get("momentum_buffer") {
-                                    Some(src) => copy(dst, src, "momentum_buffer")?,
-                                    None => bail!("missing {name}.momentum_buffer"),
-                                }
-                                used += 1;
-                            }
+                    // (key, this optimizer's tensor) of the parameter; LAMB's step is the
+                    // group's count, saved under each parameter: the same every time.
+                    let entries: Vec<(&str, &Tensor)> = match &g.state {
+                        GroupState::Sgd { bufs } | GroupState::Lars { bufs } => {
+                            bufs.get(i).map(|b| ("momentum_buffer", b)).into_iter().collect()
                         }
                         GroupState::Adam {
                             exp_avg,
                             exp_avg_sq,
                             step,
-                        } => {
-                            for (key, dst) in [
-                                ("exp_avg", &exp_avg[i]),
-                                ("exp_avg_sq", &exp_avg_sq[i]),
-                                ("step", &step[i]),
-                            ] {
-                                match get(key) {
-                                    Some(src) => copy(dst, src, key)?,
-                                    None => bail!("missing {name}.{key}"),
-                                }
-                                used += 1;
-                            }
+                        } => vec![("exp_avg", &exp_avg[i]), ("exp_avg_sq", &exp_avg_sq[i]), ("step", &step[i])],
+                        GroupState::Lamb {
+                            exp_avg,
+                            exp_avg_sq,
+                            step,
+                        } => vec![("exp_avg", &exp_avg[i]), ("exp_avg_sq", &exp_avg_sq[i]), ("step", step)],
+                    };
+                    for (key, dst) in entries {
+                        match get(key) {
+                            Some(src) => copy(dst, src, key)?,
+                            None => bail!("missing {name}.{key}"),
                         }
+                        used += 1;
                     }
                 }
             }
@@ -303,6 +381,29 @@ pub fn norm_and_bias_params(params: &[(String, Tensor)]) -> HashSet<String> {
         })
         .map(|(n, _)| n.clone())
         .collect()
+}
+
+/// torchvision's `set_weight_decay`: the parameters of normalisation layers (their module has a
+/// one-dimensional weight or running statistics: BatchNorm, LayerNorm, GroupNorm) at `norm`,
+/// then every parameter named `bias` at `bias`, over the norm's; the rest keep --weight-decay.
+pub fn torchvision_decay(params: &[(String, Tensor)], norm: Option<f64>, bias: Option<f64>) -> HashMap<String, f64> {
+    let module = |n: &str| n.rsplit_once('.').map_or("", |(m, _)| m).to_string();
+    let norms: HashSet<String> = params
+        .iter()
+        .filter(|(n, t)| n.ends_with(".weight") && t.dim() == 1)
+        .map(|(n, _)| module(n))
+        .chain(batch_norm_params(&params.iter().map(|p| p.0.clone()).collect::<Vec<_>>()).iter().map(|n| module(n)))
+        .collect();
+    let mut decay = HashMap::new();
+    for (name, _) in params {
+        let is_bias = name == "bias" || name.ends_with(".bias");
+        match (bias, norm) {
+            (Some(b), _) if is_bias => decay.insert(name.clone(), b),
+            (_, Some(w)) if norms.contains(&module(name)) => decay.insert(name.clone(), w),
+            _ => None,
+        };
+    }
+    decay
 }
 
 /// `torch.nn.utils.clip_grad_norm_`: scales all gradients by min(1, max_norm / (norm + 1e-6))
@@ -379,11 +480,12 @@ mod tests {
                 ..crate::model::ModelOptions::defaults(crate::model::ModelKind::VitB16)
             },
         );
-        let none = HashSet::new();
+        let none = HashMap::new();
         let placement = Placement {
             head_prefix: "heads.head",
             head_lr_mult: 10.0,
-            no_decay: &none,
+            decay: &none,
+            not_adapted: &HashSet::new(),
             layer_decay: Some((0.75, &vit.layers)),
         };
         for (name, want) in [

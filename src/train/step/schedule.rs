@@ -1,11 +1,11 @@
 //! Learning rate per optimizer step: linear warm-up, then cosine annealing (PyTorch's
-//! CosineAnnealingLR closed form, per step), step or multistep decay, constant, or
-//! ReduceLROnPlateau (per epoch, on the monitored metric); optionally a constant LR from a given
+//! CosineAnnealingLR closed form, per step), polynomial decay (MLPerf's), step or multistep
+//! decay, constant, or ReduceLROnPlateau (per epoch, on the monitored metric); optionally a constant LR from a given
 //! epoch on. Everything but the plateau's state is a pure function of the step, so a resumed
 //! run needs only the step count and `PlateauState`.
 use serde::{Deserialize, Serialize};
 
-use crate::config::{SchedKind, TrainConfig};
+use crate::config::{SchedKind, TrainConfig, WarmupMethod};
 
 #[derive(Debug, Clone)]
 pub struct LrSchedule {
@@ -14,8 +14,11 @@ pub struct LrSchedule {
     eta_min: f64,
     steps_per_epoch: usize,
     warmup_steps: usize,
-    /// End of the cosine period, in steps from the start of training.
+    /// torchvision's warm-up (method, factor); None: ringtrain's ramp.
+    warmup_shape: Option<(WarmupMethod, f64)>,
+    /// End of the cosine period (of the polynomial decay), in steps from the start of training.
     cosine_steps: usize,
+    poly_power: f64,
     step_size: usize,
     gamma: f64,
     milestones: Vec<usize>,
@@ -50,7 +53,9 @@ impl LrSchedule {
             eta_min: cfg.eta_min,
             steps_per_epoch: spe,
             warmup_steps: (cfg.warmup_epochs * spe as f64).round() as usize,
+            warmup_shape: cfg.lr_warmup_method.map(|m| (m, cfg.lr_warmup_decay.unwrap_or(0.01))),
             cosine_steps: (cfg.t_max() * spe as f64).round() as usize,
+            poly_power: cfg.poly_power,
             step_size: cfg.step_size,
             gamma: cfg.gamma,
             milestones: cfg.milestones.clone(),
@@ -78,7 +83,14 @@ impl LrSchedule {
             return self.constant_lr;
         }
         if step < self.warmup_steps {
-            return self.base * (step + 1) as f64 / self.warmup_steps as f64;
+            // Per step, torchvision's per-epoch LinearLR and ConstantLR meet at each epoch's
+            // first step; the linear one rises between them.
+            let done = step as f64 / self.warmup_steps as f64;
+            return match self.warmup_shape {
+                None => self.base * (step + 1) as f64 / self.warmup_steps as f64,
+                Some((WarmupMethod::Linear, d)) => self.base * (d + (1.0 - d) * done),
+                Some((WarmupMethod::Constant, d)) => self.base * d,
+            };
         }
         match self.kind {
             SchedKind::Constant => self.base,
@@ -89,13 +101,20 @@ impl LrSchedule {
                 self.base * self.gamma.powi(passed as i32)
             }
             SchedKind::Step => {
-                let epoch = step / self.steps_per_epoch;
+                // torchvision's SequentialLR starts StepLR at the warm-up's end.
+                let from = if self.warmup_shape.is_some() { self.warmup_steps } else { 0 };
+                let epoch = (step - from) / self.steps_per_epoch;
                 self.base * self.gamma.powi((epoch / self.step_size) as i32)
             }
             SchedKind::Cosine => {
                 let span = self.cosine_steps.saturating_sub(self.warmup_steps).max(1) as f64;
                 let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
                 self.eta_min + (self.base - self.eta_min) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+            SchedKind::Poly => {
+                let span = self.cosine_steps.saturating_sub(self.warmup_steps).max(1) as f64;
+                let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
+                self.eta_min + (self.base - self.eta_min) * (1.0 - t).powf(self.poly_power)
             }
         }
     }
@@ -253,6 +272,37 @@ mod tests {
         assert!((s.lr_at0(19) - 0.1).abs() < 1e-12);
         assert_eq!(s.lr_at0(20), 0.1);
         assert!(s.lr_at0(21) < 0.1);
+    }
+
+    /// MLPerf's ResNet-50 LARS schedule, written as its reference writes it: linear warm-up, then
+    /// (base - end)·(1 - (step - warmup) / (total - warmup))^power + end, per step.
+    #[test]
+    fn poly_decays_as_mlperfs_formula() {
+        let (base, end, spe) = (2.5, 1e-4, 7);
+        for (power, warmup, epochs) in [(2.0, 2.0, 10), (1.0, 0.0, 5), (3.5, 1.0, 4)] {
+            let c = TrainConfig {
+                lr: base,
+                eta_min: end,
+                poly_power: power,
+                ..cfg(SchedKind::Poly, warmup)
+            };
+            let c = TrainConfig { epochs, ..c };
+            let s = LrSchedule::new(&c, spe);
+            let (w, total) = ((warmup * spe as f64) as usize, epochs * spe);
+            for step in 0..total {
+                let want = match step < w {
+                    true => base * (step + 1) as f64 / w as f64,
+                    false => {
+                        let left = 1.0 - (step - w) as f64 / (total - w) as f64;
+                        (base - end) * left.powf(power) + end
+                    }
+                };
+                let got = s.lr_at0(step);
+                assert!((got - want).abs() <= 1e-14 * base, "power {power} step {step}: {got} vs {want}");
+            }
+            assert_eq!(s.lr_at0(w), base, "the decay starts at the peak");
+            assert!((s.lr_at0(total + 3) - end).abs() < 1e-15, "after t_max: eta_min");
+        }
     }
 
     #[test]

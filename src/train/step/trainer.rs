@@ -167,17 +167,24 @@ impl Trainer {
         if crate::device::channels_last(cfg.channels_last, device) {
             shim::var_store_to_channels_last(&model.vs)?;
         }
-        let mut no_decay = match cfg.no_bn_weight_decay {
-            true => optim::batch_norm_params(&model.vs.variables().into_keys().collect::<Vec<_>>()),
+        // One decay per parameter: `check` refused a switch's zero against a non-zero flag.
+        let mut decay = optim::torchvision_decay(&model.trainable(), cfg.norm_weight_decay, cfg.bias_weight_decay);
+        if cfg.no_bn_weight_decay {
+            decay.extend(optim::batch_norm_params(&model.vs.variables().into_keys().collect::<Vec<_>>()).into_iter().map(|n| (n, 0.0)));
+        }
+        if cfg.no_norm_bias_decay {
+            decay.extend(optim::norm_and_bias_params(&model.trainable()).into_iter().map(|n| (n, 0.0)));
+        }
+        // LARS and LAMB always leave norms and biases out of the trust ratio and the decay.
+        let not_adapted = match cfg.optimizer.layer_wise() {
+            true => optim::norm_and_bias_params(&model.trainable()),
             false => Default::default(),
         };
-        if cfg.no_norm_bias_decay {
-            no_decay.extend(optim::norm_and_bias_params(&model.trainable()));
-        }
         let placement = Placement {
             head_prefix: model.head_prefix(),
             head_lr_mult: cfg.head_lr_mult,
-            no_decay: &no_decay,
+            decay: &decay,
+            not_adapted: &not_adapted,
             layer_decay: cfg.layer_decay.map(|d| (d, &model.layers)),
         };
         let opt = Optimizer::new(cfg, &model.trainable(), &placement);
@@ -187,7 +194,7 @@ impl Trainer {
             Some(fixed) => GradScaler::fixed(device, fixed),
             None => GradScaler::dynamic(device, cfg.init_loss_scale),
         });
-        let ema = cfg.ema.map(|d| Ema::new(&model, num_classes, d)).transpose()?;
+        let ema = Ema::of_config(cfg, &model, num_classes)?;
         let ddp = Ddp::new(pg, &params, ddp.bucket_mb, ddp.wire, ddp.overlap)?;
         ddp.broadcast_state(&model.vs)?;
         Ok(Trainer {
@@ -258,7 +265,7 @@ impl Trainer {
         if !pos.ends_step() {
             return Ok(false); // gradients keep accumulating; no all-reduce until the group's last
         }
-        self.optimizer_step(state, meter)?;
+        self.optimizer_step(state, meter, (pos.epoch, pos.step_in_epoch()))?;
         crate::dist::watchdog::record_step(state.global_step as u64);
         Ok(true)
     }
@@ -335,9 +342,10 @@ impl Trainer {
     /// The optimizer step after a group's last micro-batch: gradients averaged over ranks,
     /// unscaled (fp16), clipped, applied; the moving average follows. An fp16 overflow skips
     /// the step on the device, with no host synchronisation.
-    pub fn optimizer_step(&mut self, state: &mut RunState, meter: &mut EpochMeter) -> Result<()> {
+    /// `at`: the step's (epoch, step in the epoch), which the moving average's timing reads.
+    pub fn optimizer_step(&mut self, state: &mut RunState, meter: &mut EpochMeter, at: (usize, usize)) -> Result<()> {
         let lr = self.lr(state);
-        let found_inf = self.apply_grads(Lr::Host(lr), true)?;
+        let found_inf = self.apply_grads(Lr::Host(lr), true, Some(at))?;
         let loss = self.loss.as_ref().expect("a micro-step before the optimizer step").shallow_clone();
         self.end_step(state, lr, &loss, found_inf.as_ref(), meter);
         Ok(())
@@ -346,7 +354,8 @@ impl Trainer {
     /// Device work after backward: gradients averaged over ranks (`timed`: the exposed wait
     /// measured), unscaled (fp16), clipped, applied at `lr`; the loss scale and the moving
     /// average follow. Returns fp16's overflow flag.
-    fn apply_grads(&mut self, lr: Lr, timed: bool) -> Result<Option<Tensor>> {
+    /// `at` as `optimizer_step`'s (None in the captured step, which `--model-ema` does not take).
+    fn apply_grads(&mut self, lr: Lr, timed: bool, at: Option<(usize, usize)>) -> Result<Option<Tensor>> {
         self.ddp.finish_grad_sync(timed)?;
         let found_inf = match self.scaler.as_mut() {
             Some(s) => {
@@ -363,7 +372,10 @@ impl Trainer {
             s.update();
         }
         if let Some(ema) = self.ema.as_mut() {
-            ema.update(self.model.bn_batches);
+            match at {
+                Some((epoch, step)) => ema.update_after(self.model.bn_batches, epoch, step),
+                None => ema.update(self.model.bn_batches),
+            }
         }
         Ok(found_inf)
     }
@@ -416,7 +428,7 @@ impl Trainer {
         self.start_group()?;
         let (logits, loss) = self.forward_loss(x, y, None)?;
         self.backward(&loss, 1, true)?;
-        let found_inf = self.apply_grads(Lr::Device(lr), false)?;
+        let found_inf = self.apply_grads(Lr::Device(lr), false, None)?;
         let correct = tch::no_grad(|| logits.argmax(-1, false).eq_tensor(y).sum(Kind::Float));
         Ok(StepOutputs {
             loss: loss.detach(),

@@ -1,0 +1,369 @@
+//! The augmentation policies against torchvision.transforms.v2 (`tests/py/augment_reference.py`):
+//! every operation of every policy's space at every magnitude bin and both signs on uint8
+//! images, the magnitude bins themselves, each policy's choices as a distribution over many
+//! draws (and that a policy with one operation dropped fails that comparison), ColorJitter's
+//! hue and its draws, and repeated
+//! augmentation's order against timm's `RepeatAugSampler` (torchvision's `RASampler` with its
+//! defaults).
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+
+use rand::SeedableRng;
+use ringtrain::data::augment::jitter::ColorJitter;
+use ringtrain::data::augment::ops::{self, Image, Op, Sampling};
+use ringtrain::data::augment::policy::{AutoAugment, Draw, Policy, Step};
+use ringtrain::data::load::order::{repeated_len, repeated_order};
+
+fn policy(kind: AutoAugment) -> Policy {
+    Policy::torchvision(kind)
+}
+
+/// Per operation and sampling: values compared, values that differ, the largest difference.
+#[derive(Default, Debug)]
+struct Tally {
+    values: usize,
+    differ: usize,
+    max: u8,
+    cases: usize,
+}
+
+impl Tally {
+    fn add(&mut self, got: &[u8], want: &[u8]) {
+        self.cases += 1;
+        for (a, b) in got.iter().zip(want) {
+            self.values += 1;
+            if a != b {
+                self.differ += 1;
+                self.max = self.max.max(a.abs_diff(*b));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_operation_at_every_bin_equals_torchvision_v2() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::shared_data("plant-seedlings/test/Maize/d8ae9a82b.png");
+    common::run_python_script("augment_reference.py", &["ops", dir.path().to_str().unwrap(), img.to_str().unwrap()]);
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("cases.json")).unwrap()).unwrap();
+    let data = std::fs::read(dir.path().join("data.bin")).unwrap();
+    let images: Vec<(usize, usize, &[u8])> = index["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            let (w, h, at) = (i["w"].as_u64().unwrap() as usize, i["h"].as_u64().unwrap() as usize, i["offset"].as_u64().unwrap() as usize);
+            (w, h, &data[at..at + w * h * 3])
+        })
+        .collect();
+    let mut tally: BTreeMap<(String, String), Tally> = BTreeMap::new();
+    let mut bins_off = Vec::new();
+    let mut shifted = std::collections::BTreeSet::new();
+    for case in index["cases"].as_array().unwrap() {
+        let name = case["op"].as_str().unwrap();
+        let (w, h, input) = images[case["image"].as_u64().unwrap() as usize];
+        let magnitude = case["magnitude"].as_f64().unwrap();
+        let at = case["offset"].as_u64().unwrap() as usize;
+        let want = &data[at..at + w * h * 3];
+        if name == "Hue" {
+            // ColorJitter's hue (`adjust_hue`), the one adjustment of no policy.
+            let mut got = input.to_vec();
+            ops::hue(&mut Image { w, h, px: &mut got }, magnitude);
+            tally.entry(("Hue".to_string(), "-".to_string())).or_default().add(&got, want);
+            continue;
+        }
+        let op = Op::from_name(name).unwrap_or_else(|| panic!("unknown operation {name}"));
+        let sampling = match case["interpolation"].as_str().unwrap() {
+            "nearest" => Sampling::Nearest,
+            _ => Sampling::Bilinear,
+        };
+        // The bins: ours against the value torchvision took, a few float32 steps apart at most.
+        let kind: AutoAugment = case["policy"].as_str().unwrap().parse().unwrap();
+        let step = Step {
+            op,
+            bin: case["bin"].as_u64().map(|b| b as usize),
+            negative: case["negative"].as_bool().unwrap(),
+        };
+        let ours = policy(kind).magnitude(step, (w, h));
+        if (ours - magnitude).abs() > 1e-6 * magnitude.abs().max(1.0) {
+            bins_off.push(format!("{kind} {name} bin {:?} (w {w}, h {h}): ours {ours}, torchvision {magnitude}", step.bin));
+        }
+        // Translations take the whole pixels (Python's int()). torch's float32 linspace can
+        // land a step under a whole number where the exact value is whole (TrivialAugmentWide's
+        // bin 15 of 0..32: 15.999999, so 15 px); ours is the exact value in float32 (16 px).
+        if matches!(op, Op::TranslateX | Op::TranslateY) && ours.trunc() != magnitude.trunc() {
+            if ours.fract() == 0.0 && (ours - magnitude).abs() < 1e-5 {
+                shifted.insert(format!("{kind} {name} bin {:?}", step.bin));
+            } else {
+                bins_off.push(format!("{kind} {name} bin {:?}: {ours} and {magnitude} are other whole pixels", step.bin));
+            }
+        }
+        let mut got = input.to_vec();
+        ops::apply(op, magnitude, &mut Image { w, h, px: &mut got }, sampling);
+        tally.entry((name.to_string(), format!("{sampling:?}"))).or_default().add(&got, want);
+    }
+    assert!(bins_off.is_empty(), "magnitude bins differ:\n{}", bins_off.join("\n"));
+    eprintln!("translations a pixel further than torchvision's, its bin a float32 step under a whole number: {shifted:?}");
+    let mut failures = Vec::new();
+    for ((name, sampling), t) in &tally {
+        eprintln!("{name:>12} {sampling:>8}: {} cases, {} of {} values differ, by {} at most", t.cases, t.differ, t.values, t.max);
+        if name == "Hue" {
+            // Float32 HSV both ways, in the same operations: a value that lands on a whole
+            // number after × 255.999 can truncate either side.
+            if t.max > 1 || t.differ as f64 > 1e-3 * t.values as f64 {
+                failures.push(format!("Hue: {} of {} values differ, by {} at most (bound: 1, share 0.001)", t.differ, t.values, t.max));
+            }
+            continue;
+        }
+        let op = Op::from_name(name).unwrap();
+        // Integer operations, and float ones whose every step is one IEEE operation on integers
+        // (brightness's product, autocontrast's quotient): exact. Blends: torch fuses the
+        // second product into the sum in its vector loops (as ours does: exact here), but not
+        // in its scalar ones, which a torch without vector kernels runs everywhere
+        // (ATEN_CPU_CAPABILITY=default: colour 0.15 % of the values a level apart, truncated
+        // from either side of a whole number). Geometric: coordinates in float32 through
+        // another order of operations (torch's affine grid is a matrix product), so a bilinear
+        // value at .5 can round the other way (0.07–0.09 % here), and nearest could take the
+        // neighbouring pixel at a tie (none here).
+        let (max, share) = match op {
+            Op::Identity | Op::Posterize | Op::Solarize | Op::Invert | Op::Equalize | Op::AutoContrast | Op::Brightness => (0, 0.0),
+            Op::Color | Op::Contrast | Op::Sharpness => (1, 5e-3),
+            _ if sampling == "Bilinear" => (1, 2e-3),
+            _ => (255, 1e-3),
+        };
+        if t.max > max || t.differ as f64 > share * t.values as f64 {
+            failures.push(format!("{name} ({sampling}): {} of {} values differ, by {} at most (bound: {max}, share {share})", t.differ, t.values, t.max));
+        }
+    }
+    assert!(failures.is_empty(), "operations differ from torchvision's:\n{}", failures.join("\n"));
+}
+
+/// A draw's category, as the reference names it: its operations with their signed magnitudes.
+fn key(p: &Policy, steps: &[Step], size: (usize, usize)) -> String {
+    steps
+        .iter()
+        .map(|&s| format!("{}:{:.4}", s.op.name(), p.magnitude(s, size)))
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// Two samples of categories from the same distribution: each category's share (and each
+/// operation's share of all steps) within `Z` standard errors of the pooled share. With a few
+/// hundred categories a true match exceeds 5.5 standard errors in one with odds under 1e-5.
+const Z: f64 = 5.5;
+
+fn same_distribution(ours: &BTreeMap<String, usize>, theirs: &BTreeMap<String, usize>) -> Result<(), String> {
+    let marginal = |m: &BTreeMap<String, usize>| {
+        let mut ops: BTreeMap<String, usize> = BTreeMap::new();
+        for (k, &c) in m {
+            for step in k.split('|').filter(|s| !s.is_empty()) {
+                *ops.entry(format!("op {}", step.split(':').next().unwrap())).or_default() += c;
+            }
+        }
+        ops
+    };
+    let mut worst = Vec::new();
+    for (a, b) in [(ours.clone(), theirs.clone()), (marginal(ours), marginal(theirs))] {
+        let (na, nb) = (a.values().sum::<usize>() as f64, b.values().sum::<usize>() as f64);
+        let keys: HashSet<&String> = a.keys().chain(b.keys()).collect();
+        for k in keys {
+            let (ca, cb) = (*a.get(k).unwrap_or(&0) as f64, *b.get(k).unwrap_or(&0) as f64);
+            let p = (ca + cb) / (na + nb);
+            let se = (p * (1.0 - p) * (1.0 / na + 1.0 / nb)).sqrt();
+            let z = (ca / na - cb / nb).abs() / se;
+            if z > Z {
+                worst.push(format!("{k:?}: ours {ca}/{na}, torchvision's {cb}/{nb} ({z:.1} standard errors)"));
+            }
+        }
+    }
+    match worst.is_empty() {
+        true => Ok(()),
+        false => Err(worst.join("\n")),
+    }
+}
+
+const DRAWS: usize = 8000;
+const SIZE: (usize, usize) = (45, 40);
+
+fn counts(v: &serde_json::Value) -> BTreeMap<String, usize> {
+    v.as_object().unwrap().iter().map(|(k, c)| (k.clone(), c.as_u64().unwrap() as usize)).collect()
+}
+
+/// Mean and mean square of `v` against `w`'s, within `Z` standard errors.
+fn same_moments(what: &str, ours: &[f64], theirs: &[f64]) {
+    for power in [1, 2] {
+        let m = |v: &[f64]| {
+            let x: Vec<f64> = v.iter().map(|a| a.powi(power)).collect();
+            let mean = x.iter().sum::<f64>() / x.len() as f64;
+            let var = x.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / x.len() as f64;
+            (mean, var / x.len() as f64)
+        };
+        let ((ma, va), (mb, vb)) = (m(ours), m(theirs));
+        let z = (ma - mb).abs() / (va + vb).sqrt();
+        assert!(z < Z, "{what}: moment {power} ours {ma}, torchvision's {mb} ({z:.1} standard errors)");
+    }
+}
+
+#[test]
+fn each_policys_choices_match_torchvision_in_distribution() {
+    let (w, h) = SIZE;
+    let reference: serde_json::Value =
+        serde_json::from_str(&common::run_python_script("augment_reference.py", &["draws", &DRAWS.to_string(), &w.to_string(), &h.to_string()])).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    // ColorJitter(0.4, 0.4, 0.4, 0.1): the order of its four adjustments and their factors.
+    let cj = ColorJitter::from_flag(&[0.4, 0.4, 0.4, 0.1]).unwrap().unwrap();
+    let r = &reference["color_jitter"];
+    let mut orders: BTreeMap<String, usize> = BTreeMap::new();
+    let mut factors: Vec<[f64; 4]> = Vec::new();
+    for _ in 0..DRAWS {
+        let (order, f) = cj.draw(&mut rng);
+        *orders.entry(order.iter().map(|k| k.to_string()).collect()).or_default() += 1;
+        factors.push(f.map(Option::unwrap));
+    }
+    same_distribution(&orders, &counts(&r["orders"])).unwrap_or_else(|e| panic!("color jitter's order:\n{e}"));
+    let theirs: Vec<Vec<f64>> = serde_json::from_value(r["factors"].clone()).unwrap();
+    for k in 0..4 {
+        let ours: Vec<f64> = factors.iter().map(|f| f[k]).collect();
+        let theirs: Vec<f64> = theirs.iter().map(|f| f[k]).collect();
+        same_moments(&format!("color jitter's factor {k}"), &ours, &theirs);
+    }
+    for kind in AutoAugment::ALL.iter().copied() {
+        let p = policy(kind);
+        let draws: Vec<Draw> = (0..DRAWS).map(|_| p.draw(&mut rng)).collect();
+        if kind == AutoAugment::Augmix {
+            let r = &reference["augmix"];
+            let mut steps: BTreeMap<String, usize> = BTreeMap::new();
+            let mut depths: BTreeMap<String, usize> = BTreeMap::new();
+            let (mut original, mut chain) = (Vec::new(), Vec::new());
+            for d in &draws {
+                let Draw::Mix { original: o, chains } = d else { panic!("AugMix draws a mixture") };
+                original.push(*o as f64);
+                chain.push(chains[0].0 as f64);
+                for (_, s) in chains {
+                    *depths.entry(s.len().to_string()).or_default() += 1;
+                    for st in s {
+                        *steps.entry(key(&p, &[*st], SIZE)).or_default() += 1;
+                    }
+                }
+            }
+            same_distribution(&steps, &counts(&r["steps"])).unwrap_or_else(|e| panic!("augmix operations:\n{e}"));
+            same_distribution(&depths, &counts(&r["depths"])).unwrap_or_else(|e| panic!("augmix chain depths:\n{e}"));
+            let floats = |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+            same_moments("augmix original's weight", &original, &floats(&r["original"]));
+            same_moments("augmix first chain's weight", &chain, &floats(&r["chain"]));
+            continue;
+        }
+        let chains: Vec<Vec<Step>> = draws
+            .into_iter()
+            .map(|d| match d {
+                Draw::Chain(s) => s,
+                Draw::Mix { .. } => panic!("{kind} draws a chain"),
+            })
+            .collect();
+        let tally = |chains: &[Vec<Step>]| {
+            let mut m: BTreeMap<String, usize> = BTreeMap::new();
+            for c in chains {
+                *m.entry(key(&p, c, SIZE)).or_default() += 1;
+            }
+            m
+        };
+        let theirs = counts(&reference[kind.name()]);
+        same_distribution(&tally(&chains), &theirs).unwrap_or_else(|e| panic!("{kind}:\n{e}"));
+        // The comparison has the power to see a policy without one of its operations: drop the
+        // first operation with a magnitude the policy drew from every draw, and it fails.
+        let dropped = chains.iter().flatten().find(|s| s.bin.is_some()).unwrap().op;
+        let without: Vec<Vec<Step>> = chains.iter().map(|c| c.iter().copied().filter(|s| s.op != dropped).collect()).collect();
+        assert!(
+            same_distribution(&tally(&without), &theirs).is_err(),
+            "{kind} without {dropped:?} passed as torchvision's"
+        );
+    }
+}
+
+#[test]
+fn repeated_augmentation_gives_each_rank_what_repeat_aug_sampler_gives_it() {
+    // 1000 samples: RASampler keeps 768 an epoch over the ranks (1000 // 256 * 256).
+    let n = 1000;
+    let mut perm: Vec<usize> = (0..n).collect();
+    use rand::seq::SliceRandom;
+    perm.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(3));
+    let perm_text = perm.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    for (reps, world) in [(3, 1), (3, 2), (3, 3), (4, 4), (2, 8)] {
+        let code = format!(
+            r#"import json, torch
+from timm.data.distributed_sampler import RepeatAugSampler
+perm = torch.tensor([{perm_text}])
+torch.randperm = lambda n, generator=None: perm.clone()
+print(json.dumps([list(RepeatAugSampler(list(range({n})), num_replicas={world}, rank=r, num_repeats={reps})) for r in range({world})]))"#
+        );
+        let theirs: Vec<Vec<usize>> = serde_json::from_str(&common::run_python_code(&code)).unwrap();
+        let mut keys = HashSet::new();
+        for (rank, want) in theirs.iter().enumerate() {
+            let got = repeated_order(&perm, reps, (rank, world));
+            assert_eq!(got.len(), repeated_len(n, world), "reps {reps}, world {world}, rank {rank}");
+            let samples: Vec<usize> = got.iter().map(|k| k % n).collect();
+            assert_eq!(&samples, want, "reps {reps}, world {world}, rank {rank}");
+            // Every copy draws its own augmentation: no key twice in the epoch, over all ranks.
+            for k in got {
+                assert!(keys.insert(k), "key {k} twice (reps {reps}, world {world})");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_run_with_trivial_augment_and_repeated_augmentation_trains_and_refuses_what_it_cannot_do() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    common::link_first(&common::shared_data("plant-seedlings/train"), &data, &["Charlock", "Maize", "Sugar_beet"], 100);
+    let run = d.path().join("run");
+    let flags = "--model resnet10-tiny --img-size 32 --batch-size 32 --epochs 1 --val-split 0.1 --device cpu --color-jitter 0.4 --auto-augment ta_wide --ra-sampler --random-erasing 0.1";
+    let out = common::ringtrain(&common::train_args(&data, &run, flags));
+    assert!(out.status.success(), "{}", common::text(&out));
+    // 270 training images: 256 an epoch (torchvision's RASampler keeps n // 256 * 256), 8 steps.
+    let rows = common::metrics_rows(&run);
+    assert_eq!(rows.len(), 1, "{}", common::text(&out));
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("auto_augment = \"ta_wide\"") && config.contains("ra_sampler = true"), "{config}");
+    // show-batch with the run's flags draws the batch the run's first step received, the
+    // picture the run kept and put into its report.
+    let png = d.path().join("batch.png");
+    let mut args = common::train_args(&data, &png, &format!("{flags} --mixup-alpha 0.2 --cutmix-alpha 1.0"));
+    args[0] = "show-batch".into();
+    let shown = common::ringtrain(&args);
+    assert!(shown.status.success(), "{}", common::text(&shown));
+    let again = d.path().join("again");
+    let run_mixed = common::ringtrain(&common::train_args(&data, &again, &format!("{flags} --mixup-alpha 0.2 --cutmix-alpha 1.0")));
+    assert!(run_mixed.status.success(), "{}", common::text(&run_mixed));
+    let kept = std::fs::read(again.join("first-batch.png")).unwrap();
+    assert!(kept == std::fs::read(&png).unwrap(), "show-batch's picture is not the run's first batch");
+    let grid = image::load_from_memory(&kept).unwrap();
+    // 32 images in a grid of 6 columns and 6 rows of 160×162-pixel cells.
+    assert_eq!((grid.width(), grid.height()), (6 * 160, 6 * 162));
+    let page = std::fs::read_to_string(again.join("report.html")).unwrap();
+    assert!(page.contains("id=\"first-batch\"") && page.contains("First training batch"));
+    let text = common::text(&shown);
+    assert!(text.contains("32 of the first batch's 32 images"), "{text}");
+    // Another seed, another batch.
+    let other = d.path().join("other.png");
+    let mut args = common::train_args(&data, &other, &format!("{flags} --seed 7"));
+    args[0] = "show-batch".into();
+    assert!(common::ringtrain(&args).status.success());
+    assert!(std::fs::read(&other).unwrap() != kept);
+    for (extra, needle) in [
+        ("--auto-augment ta_wide --data-on-device", "--data-on-device does not do --auto-augment"),
+        ("--ra-sampler --data-on-device", "--data-on-device does not do --ra-sampler"),
+        ("--color-jitter 0.4 --data-on-device", "--data-on-device does not do --color-jitter"),
+        ("--color-jitter 0.4,0.4", "--color-jitter takes 1, 3 or 4 values"),
+        ("--color-jitter 0.4,0.4,0.4,0.7", "hue at most 0.5"),
+        ("--auto-augment rand-m9", "invalid --auto-augment 'rand-m9'"),
+        ("--ra-magnitude 31", "--ra-magnitude must be a bin in 0..30"),
+        ("--augmix-severity 0", "--augmix-severity must be in 1..10"),
+        ("--ra-sampler --batch-size 300", "--ra-sampler keeps 270 // 256 * 256 training images"),
+    ] {
+        let out_dir = d.path().join("refused");
+        let args = common::train_args(&data, &out_dir, &format!("--img-size 32 --device cpu --val-split 0.1 {extra}"));
+        common::expect_user_error(&args, needle);
+    }
+}
