@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bail_user;
 use crate::data::augment::transform::{Interpolation, Transform};
+use crate::data::augment::ops::Sampling;
 use crate::data::augment::policy::{AutoAugment, Policy, RA_BINS};
 use crate::data::source::Columns;
 use crate::data::source::DataSpec;
@@ -645,7 +646,12 @@ impl TrainConfig {
             ra_magnitude: self.ra_magnitude,
             ra_num_ops: self.ra_num_ops,
             augmix_severity: self.augmix_severity,
-            sampling: self.interpolation().into(),
+            // torchvision's tensor kernels have no bicubic sampling: a bicubic run's policies
+            // shear, translate and rotate bilinearly.
+            sampling: match self.interpolation() {
+                Interpolation::Nearest => Sampling::Nearest,
+                Interpolation::Bilinear | Interpolation::Bicubic => Sampling::Bilinear,
+            },
         })
     }
 

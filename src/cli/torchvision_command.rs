@@ -324,8 +324,8 @@ pub fn translate(args: &[String]) -> Result<Translation> {
             "--world-size" | "--dist-url" | "--distributed" => "ringtrain's launcher sets up the processes (--nproc-per-node, --nnodes)",
             "--backend" | "--use-v2" => "ringtrain's pipeline is its own, on uint8 pixels; its policies compute torchvision v2's operations",
             "--ra-reps" if !switch("--ra-sampler") => "without --ra-sampler train.py does not repeat",
-            "--ra-magnitude" if value_of(&flags, "--auto-augment").as_deref() != Some("ra") => "used by --auto-augment ra only",
-            "--augmix-severity" if value_of(&flags, "--auto-augment").as_deref() != Some("augmix") => "used by --auto-augment augmix only",
+            "--ra-magnitude" if given("--auto-augment").flatten().as_deref() != Some("ra") => "used by --auto-augment ra only",
+            "--augmix-severity" if given("--auto-augment").flatten().as_deref() != Some("augmix") => "used by --auto-augment augmix only",
             "--model-ema-steps" | "--model-ema-decay" if !switch("--model-ema") => "without --model-ema train.py keeps no average",
             "--lr-warmup-method" | "--lr-warmup-decay" if warmup <= 0.0 => "no warm-up epochs: train.py does not warm up",
             f if SWITCHES.contains(&f) || VALUED.contains(&f) => continue,
@@ -343,10 +343,6 @@ pub fn translate(args: &[String]) -> Result<Translation> {
         notes,
         dropped,
     })
-}
-
-fn value_of(flags: &[(String, Option<String>)], f: &str) -> Option<String> {
-    flags.iter().rev().find(|(k, _)| k == f).and_then(|(_, v)| v.clone())
 }
 
 /// The configuration file: the command, how to launch it, the notes and what was left behind

@@ -4,8 +4,6 @@
 //! colour ops truncate, as `.to(torch.uint8)` does) and zero fill outside the image (the policies'
 //! default `fill=None`). Integer ops (posterize, solarize, invert, equalize) are exact;
 //! `tests/augment_policies.rs` states the bounds of the float ones.
-use crate::data::augment::transform::Interpolation;
-
 /// An operation of torchvision's augmentation spaces (its `transform_id`s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
@@ -72,20 +70,11 @@ impl Op {
 }
 
 /// How the geometric operations sample: torchvision's tensor kernels take nearest or bilinear
-/// only (its `grid_sample`), so a bicubic run's policies shear, translate and rotate bilinearly.
+/// only (its `grid_sample`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sampling {
     Nearest,
     Bilinear,
-}
-
-impl From<Interpolation> for Sampling {
-    fn from(i: Interpolation) -> Self {
-        match i {
-            Interpolation::Nearest => Sampling::Nearest,
-            Interpolation::Bilinear | Interpolation::Bicubic => Sampling::Bilinear,
-        }
-    }
 }
 
 /// One image, row-major HWC RGB8, changed in place.

@@ -204,6 +204,14 @@ const SVHN: &[SubPolicy] = sub_policies![
     ((ShearX, 0.7, Some(2)), (Invert, 0.1, None)),
 ];
 
+/// The bin of an operation `Policy::pick` draws: always this one (RandAugment's), or one below
+/// this uniformly.
+#[derive(Debug, Clone, Copy)]
+enum Bin {
+    Fixed(usize),
+    Below(usize),
+}
+
 /// One operation as drawn: its bin (None where it takes no magnitude), and whether the
 /// magnitude is negated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -293,11 +301,14 @@ impl Policy {
     }
 
     /// One operation of the space, uniformly, with the bin `bin` gives (for those that take one).
-    fn pick(&self, rng: &mut impl Rng, bin: impl FnOnce(&mut dyn FnMut(usize) -> usize) -> usize) -> Step {
+    fn pick(&self, rng: &mut impl Rng, bin: Bin) -> Step {
         let space = self.space();
         let (op, range, signed) = space[rng.gen_range(0..space.len())];
         let takes = !matches!(range, Range::Fixed);
-        let bin = takes.then(|| bin(&mut |n| rng.gen_range(0..n)));
+        let bin = takes.then(|| match bin {
+            Bin::Fixed(b) => b,
+            Bin::Below(n) => rng.gen_range(0..n),
+        });
         Step {
             op,
             bin,
@@ -309,8 +320,8 @@ impl Policy {
     pub fn draw(&self, rng: &mut impl Rng) -> Draw {
         let bins = self.bins();
         match self.kind {
-            AutoAugment::TaWide => Draw::Chain(vec![self.pick(rng, |r| r(bins))]),
-            AutoAugment::Ra => Draw::Chain((0..self.ra_num_ops).map(|_| self.pick(rng, |_| self.ra_magnitude)).collect()),
+            AutoAugment::TaWide => Draw::Chain(vec![self.pick(rng, Bin::Below(bins))]),
+            AutoAugment::Ra => Draw::Chain((0..self.ra_num_ops).map(|_| self.pick(rng, Bin::Fixed(self.ra_magnitude))).collect()),
             AutoAugment::Imagenet | AutoAugment::Cifar10 | AutoAugment::Svhn => {
                 let table = match self.kind {
                     AutoAugment::Imagenet => IMAGENET,
@@ -349,7 +360,7 @@ impl Policy {
                     .iter()
                     .map(|&wi| {
                         let depth = rng.gen_range(1..=3);
-                        (wi * m[1], (0..depth).map(|_| self.pick(rng, |r| r(severity))).collect())
+                        (wi * m[1], (0..depth).map(|_| self.pick(rng, Bin::Below(severity))).collect())
                     })
                     .collect();
                 Draw::Mix { original: m[0], chains }

@@ -52,6 +52,26 @@ enum GroupState {
     },
 }
 
+impl GroupState {
+    /// Parameter `i`'s state as (key, tensor): torch.optim's and timm's keys. LAMB's step is
+    /// the group's count, under each of its parameters (as torch keeps Adam's).
+    fn entries(&self, i: usize) -> Vec<(&'static str, &Tensor)> {
+        match self {
+            GroupState::Sgd { bufs } | GroupState::Lars { bufs } => bufs.get(i).map(|b| ("momentum_buffer", b)).into_iter().collect(),
+            GroupState::Adam {
+                exp_avg,
+                exp_avg_sq,
+                step,
+            } => vec![("exp_avg", &exp_avg[i]), ("exp_avg_sq", &exp_avg_sq[i]), ("step", &step[i])],
+            GroupState::Lamb {
+                exp_avg,
+                exp_avg_sq,
+                step,
+            } => vec![("exp_avg", &exp_avg[i]), ("exp_avg_sq", &exp_avg_sq[i]), ("step", step)],
+        }
+    }
+}
+
 pub struct Optimizer {
     kind: OptimizerKind,
     momentum: f64,
@@ -272,31 +292,8 @@ impl Optimizer {
         let mut out = Vec::new();
         for g in &self.groups {
             for (i, name) in g.names.iter().enumerate() {
-                match &g.state {
-                    GroupState::Sgd { bufs } | GroupState::Lars { bufs } => {
-                        if let Some(b) = bufs.get(i) {
-                            out.push((format!("{name}.momentum_buffer"), b.shallow_clone()));
-                        }
-                    }
-                    GroupState::Adam {
-                        exp_avg,
-                        exp_avg_sq,
-                        step,
-                    } => {
-                        out.push((format!("{name}.exp_avg"), exp_avg[i].shallow_clone()));
-                        out.push((format!("{name}.exp_avg_sq"), exp_avg_sq[i].shallow_clone()));
-                        out.push((format!("{name}.step"), step[i].shallow_clone()));
-                    }
-                    GroupState::Lamb {
-                        exp_avg,
-                        exp_avg_sq,
-                        step,
-                    } => {
-                        out.push((format!("{name}.exp_avg"), exp_avg[i].shallow_clone()));
-                        out.push((format!("{name}.exp_avg_sq"), exp_avg_sq[i].shallow_clone()));
-                        // The group's count under each of its parameters, as torch keeps Adam's.
-                        out.push((format!("{name}.step"), step.shallow_clone()));
-                    }
+                for (key, t) in g.state.entries(i) {
+                    out.push((format!("{name}.{key}"), t.shallow_clone()));
                 }
             }
         }
@@ -308,7 +305,7 @@ impl Optimizer {
     pub fn load_state(&mut self, saved: HashMap<String, Tensor>) -> Result<()> {
         let mut used = 0;
         tch::no_grad(|| -> Result<()> {
-            for g in &mut self.groups {
+            for g in &self.groups {
                 for (i, name) in g.names.iter().enumerate() {
                     let get = |key: &str| saved.get(&format!("{name}.{key}"));
                     let copy = |dst: &Tensor, src: &Tensor, key: &str| -> Result<()> {
@@ -318,24 +315,7 @@ impl Optimizer {
                         dst.shallow_clone().copy_(src);
                         Ok(())
                     };
-                    // (key, this optimizer's tensor) of the parameter; LAMB's step is the
-                    // group's count, saved under each parameter: the same every time.
-                    let entries: Vec<(&str, &Tensor)> = match &g.state {
-                        GroupState::Sgd { bufs } | GroupState::Lars { bufs } => {
-                            bufs.get(i).map(|b| ("momentum_buffer", b)).into_iter().collect()
-                        }
-                        GroupState::Adam {
-                            exp_avg,
-                            exp_avg_sq,
-                            step,
-                        } => vec![("exp_avg", &exp_avg[i]), ("exp_avg_sq", &exp_avg_sq[i]), ("step", &step[i])],
-                        GroupState::Lamb {
-                            exp_avg,
-                            exp_avg_sq,
-                            step,
-                        } => vec![("exp_avg", &exp_avg[i]), ("exp_avg_sq", &exp_avg_sq[i]), ("step", step)],
-                    };
-                    for (key, dst) in entries {
+                    for (key, dst) in g.state.entries(i) {
                         match get(key) {
                             Some(src) => copy(dst, src, key)?,
                             None => bail!("missing {name}.{key}"),
