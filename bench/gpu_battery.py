@@ -49,6 +49,67 @@ class Failed(Exception):
         self.details = details
 
 
+# nvidia-smi's clock event reasons (clocks_event_reasons.active), the ones that slow a busy GPU.
+SLOWDOWNS = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "heat (software)", 0x40: "heat (hardware)",
+             0x80: "power brake"}
+CLOCK_FIELDS = "utilization.gpu,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,clocks_event_reasons.active"
+BUSY = 50  # % utilisation from which a sample counts as the GPU at work
+SLOW_CLOCK = 0.9  # a busy median SM clock below this share of the maximum: slowed
+
+
+class GpuClocks:
+    """nvidia-smi sampling the GPU every 500 ms while a speed check runs: a GPU that slows down for
+    heat or power mid-check makes its figures, and any ratio between two commands, say nothing
+    about the code (one H100 of 2026-11-27 halved its clock after minutes of work)."""
+
+    def __init__(self):
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", f"--query-gpu={CLOCK_FIELDS}",
+                                          "--format=csv,noheader,nounits", "-lms", "500"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def stop(self):
+        """What the samples say (clock_summary), or None without nvidia-smi."""
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        try:
+            out, _ = self.proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return clock_summary(out.splitlines())
+
+
+def clock_summary(lines):
+    """The busy samples' SM clock (median, lowest, the GPU's maximum), hottest temperature and the
+    slowdown reasons seen; `slowed` names why the figures are not comparable, or is None."""
+    busy = []
+    for line in lines:
+        f = [x.strip() for x in line.split(",")]
+        try:
+            util, sm, sm_max, temp = (float(x) for x in f[:4])
+            reasons = int(f[5], 16)
+        except (ValueError, IndexError):
+            continue  # a header, "[N/A]" or a line cut by the stop
+        if util >= BUSY:
+            busy.append((sm, sm_max, temp, reasons))
+    if not busy:
+        return {"busy_samples": 0, "slowed": None}
+    clocks = sorted(b[0] for b in busy)
+    median, top = clocks[len(clocks) // 2], max(b[1] for b in busy)
+    seen = sorted({why for b in busy for bit, why in SLOWDOWNS.items() if b[3] & bit})
+    # A power cap alone is a full GPU's normal state: it counts only through the clock it costs.
+    slowing = [why for why in seen if why != SLOWDOWNS[0x4]]
+    slow = [f"slowed by {', '.join(slowing)}"] if slowing else []
+    if median < SLOW_CLOCK * top:
+        slow.append(f"median SM clock {median:.0f} of {top:.0f} MHz")
+    return {"busy_samples": len(busy), "sm_clock_median_mhz": median, "sm_clock_min_mhz": clocks[0],
+            "sm_clock_max_mhz": top, "temperature_max_c": max(b[2] for b in busy), "reasons": seen,
+            "slowed": "; ".join(slow) or None}
+
+
 class Battery:
     def __init__(self, args):
         self.dry = args.dry_run
@@ -114,6 +175,7 @@ class Battery:
         else:
             self.say(f"\n=== {name}")
             t0 = time.monotonic()
+            clocks = GpuClocks() if kind == "speed" and not self.dry else None
             try:
                 entry.update(passed=True, details=fn() or {})
             except Failed as e:
@@ -121,6 +183,10 @@ class Battery:
             except Exception as e:  # a bug of the battery or an unreadable output: recorded, not fatal
                 entry.update(passed=False, error=f"{type(e).__name__}: {e}")
             entry["seconds"] = round(time.monotonic() - t0, 1)
+            if clocks is not None and (gpu := clocks.stop()) is not None:
+                entry["gpu_clocks"] = gpu
+                if gpu["slowed"]:
+                    self.say(f"=== {name}: the GPU {gpu['slowed']}: its figures compare with no other")
             self.say(f"=== {name}: {'passed' if entry['passed'] else 'FAILED'} {json.dumps(entry.get('details', {}))}"
                      + (f" {entry['error']}" if entry.get("error") else ""))
         self.report["checks"].append(entry)
@@ -300,6 +366,7 @@ def bench_figures(text, vs_pytorch, memory):
     found = {"ringtrain_images_per_s": rate(r"ringtrain:\s+([\d.]+) img/s", text),
              "pytorch_images_per_s": rate(r"pytorch:\s+([\d.]+) img/s", text),
              "ratio": rate(r"ratio ringtrain / pytorch: ([\d.]+)", text),
+             "ringtrain_again_images_per_s": rate(r"ringtrain again:\s+([\d.]+) img/s", text),
              "ringtrain_peak_gib": mem("ringtrain"), "pytorch_peak_gib": mem("pytorch")}
     expected = ["ringtrain_images_per_s"] + (["pytorch_images_per_s", "ratio"] if vs_pytorch else [])
     expected += [k.replace("images_per_s", "peak_gib") for k in expected[:2]] if memory else []
@@ -611,8 +678,8 @@ def main():
         one = lambda name, *extra, lr="0.5": small(out / f"fused-{name}", "resnet10-tiny", "--momentum", 0, "--amp", "off",
                                                     "--deterministic", "true", *extra, epochs=1, batch=48, lr=lr)
         b.ringtrain(*one("init", "--channels-last", lr="1e-30"), env=fp32)
-        b.ringtrain(*one("unfused", "--channels-last"), env=fp32)
-        b.ringtrain(*one("unfused-nchw", "--channels-last", "false"), env=fp32)
+        b.ringtrain(*one("unfused", "--channels-last", "--fused-norm", "false"), env=fp32)
+        b.ringtrain(*one("unfused-nchw", "--channels-last", "false", "--fused-norm", "false"), env=fp32)
         text = b.ringtrain(*one("fused", "--channels-last", "--fused-norm"), env=fp32)
         fell_back = [l for l in text.splitlines() if l.startswith("--fused-norm:")]
         w = {n: weights(out / f"fused-{n}") for n in ("init", "unfused", "unfused-nchw", "fused")}
@@ -662,7 +729,8 @@ def main():
                   "--steps", n, "--warmup", warm]
         for amp in ("bf16", "fp16"):
             b.check(f"step_{model}_{amp}", "speed", lambda amp=amp, common=common: bench_figures(b.ringtrain(
-                *common, "--amp", amp_of(amp), "--channels-last", "true", "--vs-pytorch", "--python", b.python),
+                *common, "--amp", amp_of(amp), "--channels-last", "true", "--fused-norm", "false", "--vs-pytorch",
+                "--python", b.python),
                 vs_pytorch=True, memory=not dry))
         b.check(f"step_{model}_ringtrain_defaults", "speed",
                 lambda common=common: bench_figures(b.ringtrain(*common), vs_pytorch=False, memory=not dry))
@@ -768,7 +836,7 @@ def main():
         table = b.ringtrain("trace-table", *traces, "--labels", ",".join(labels), "--csv", d / "table.csv")
         return {**bench_figures(text, vs_pytorch=True, memory=not dry), "table": table.strip().splitlines()}
 
-    b.check("profile_resnet50_bf16", "speed", lambda: profiled("resnet50", 256, 224))
+    b.check("profile_resnet50_bf16", "speed", lambda: profiled("resnet50", 256, 224, ["--fused-norm", "false"]))
     b.check("profile_resnet50_bf16_fused_norm", "speed",
             lambda: profiled("resnet50", 256, 224, ["--fused-norm"], "-fused", compiled=False))
     b.check("profile_convnext_tiny_bf16", "speed", lambda: profiled("convnext_tiny", 128, 224))
@@ -785,11 +853,14 @@ def main():
 
 def finish(b):
     failed = [c["name"] for c in b.report["checks"] if c["kind"] == "correctness" and c["passed"] is not True]
+    slowed = [c["name"] for c in b.report["checks"] if (c.get("gpu_clocks") or {}).get("slowed")]
     b.report["correctness_failed"] = failed
+    b.report["speed_on_a_slowed_gpu"] = slowed
     b.report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     b.save()
     b.say(f"\n{len(b.report['checks'])} checks; correctness failed: {', '.join(failed) or 'none'}; "
-          f"{b.out / 'battery.json'}")
+          + (f"speed measured on a slowed GPU: {', '.join(slowed)}; " if slowed else "")
+          + f"{b.out / 'battery.json'}")
     return 1 if failed else 0
 
 

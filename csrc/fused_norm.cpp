@@ -208,7 +208,7 @@ struct LoadedKernel {
 // semantics carry over). Triton's kernels take two more pointers after their own arguments
 // (global and profile scratch), unused here: the build checks their sizes are 0.
 struct CudaDevice : Launcher {
-  int device = -1, sms = 0;
+  int device = -1, sms = 0, capability = 0;  // capability: major·10 + minor
   CUdevice dev = 0;
   std::map<std::string, LoadedKernel> fns;
 
@@ -270,6 +270,7 @@ CudaDevice& cuda_device(int device) {
   d.check(d.DeviceGetAttribute(&shared_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, k.dev),
           "shared memory");
   const int cc = major * 10 + minor;
+  k.capability = cc;
   for (int i = 0; i < g_n_images; ++i) {
     const std::string name = g_images[i].variant;
     if (k.fns.count(name)) continue;
@@ -404,12 +405,12 @@ int rt_fused_set_images(const rt_kernel_image* images, int n, int64_t block_m, i
   return 0;
 }
 
+// The GPU's compute capability (major·10 + minor) once the kernels are loaded on it; -1 on error.
 int rt_fused_prepare(int device) {
   return rt_guard<int>([&] {
     if (g_n_images == 0) throw std::runtime_error("this build has no fused kernels");
 #ifdef RT_WITH_CUDA
-    cuda_device(device);
-    return 0;
+    return cuda_device(device).capability;
 #else
     throw std::runtime_error("built without CUDA");
 #endif

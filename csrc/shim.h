@@ -193,7 +193,8 @@ typedef struct {
   const unsigned char* image;
 } rt_kernel_image;
 int rt_fused_set_images(const rt_kernel_image* images, int n, int64_t block_m, int64_t block_c);
-// Loads the kernels for `device` (once); -1 and the error when they cannot run there.
+// Loads the kernels for `device` (once) and returns its compute capability (major·10 + minor);
+// -1 and the error when they cannot run there.
 int rt_fused_prepare(int device);
 // relu(batch_norm(x) [+ residual]) in training mode, running statistics updated, with its
 // autograd graph; residual may be null. Null with *why_not set when the kernels do not cover the

@@ -260,8 +260,9 @@ pub struct TrainConfig {
     /// Capture the whole training step as one CUDA graph and replay it (CUDA only).
     pub cuda_graphs: bool,
     /// BatchNorm + (residual add) + ReLU through ringtrain's fused kernels where they apply
-    /// (CUDA, channels_last, the ResNet family); the unfused ops elsewhere.
-    pub fused_norm: bool,
+    /// (CUDA, channels_last, the ResNet family); the unfused ops elsewhere. None: on where GPU
+    /// runs showed them faster and equal (`model::fused::on_by_default`).
+    pub fused_norm: Option<bool>,
     /// Fine-tune from these weights: a safetensors or PyTorch file with torchvision's names,
     /// `torchvision:NAME[.VARIANT]` or `hf-hub:ORG/NAME`.
     pub pretrained: Option<WeightsSource>,
@@ -386,7 +387,7 @@ impl Default for TrainConfig {
             zero_init_residual: false,
             sync_bn: false,
             cuda_graphs: false,
-            fused_norm: false,
+            fused_norm: None,
             report_every_epoch: false,
             pretrained: None,
             pretrained_key: None,
@@ -429,6 +430,7 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("cache_gb", "half the available memory, shared by the node's ranks"),
     ("loss_scale", "none: dynamic scaling"),
     ("channels_last", "on for CUDA, off on the CPU"),
+    ("fused_norm", "on for the ResNet family in fp16 or bf16, channels_last, without --cuda-graphs, on GPUs of compute capability 9.0; off elsewhere"),
     ("drop_path", "the model's: see ringtrain models"),
     ("dropout", "the model's: see ringtrain models"),
     ("layer_decay", "none: one rate for all layers"),
@@ -1094,7 +1096,7 @@ impl TrainConfig {
             img_size: self.img_size,
             drop_path: self.drop_path,
             dropout: self.dropout,
-            fused_norm: self.fused_norm,
+            fused_norm: self.fused_norm == Some(true),
         }
     }
 

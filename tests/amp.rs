@@ -117,13 +117,22 @@ fn bench_measures_ringtrain_and_pytorch_in_one_run() {
             .unwrap_or_else(|| panic!("no '{prefix}' line in {stdout}"));
         line.split_whitespace().find_map(|w| w.parse::<f64>().ok()).unwrap()
     };
-    let (ours, theirs, ratio) = (
+    let (ours, theirs, again, ratio) = (
         figure("ringtrain:"),
         figure("pytorch:"),
+        figure("ringtrain again:"),
         figure("ratio ringtrain / pytorch:"),
     );
-    assert!(ours > 0.0 && theirs > 0.0);
-    assert!((ratio - ours / theirs).abs() < 0.01, "{stdout}");
+    assert!(ours > 0.0 && theirs > 0.0 && again > 0.0);
+    // ringtrain is timed before and after PyTorch, and the ratio takes the mean of its two rates
+    // (the printed rates are rounded to 5 digits at least; the ratio to 3 decimals).
+    let mean = (ours + again) / 2.0 / theirs;
+    assert!((ratio - mean).abs() < 1e-3 * mean.max(1.0), "{stdout}");
+    // The warning of a drifting device comes exactly when the two rates differ by over 5 %.
+    let moved = (ours - again).abs() / ours.max(again);
+    if (moved - 0.05).abs() > 1e-3 {
+        assert_eq!(stdout.contains("rate moved"), moved > 0.05, "{stdout}");
+    }
 }
 
 /// The same run in channels_last and contiguous memory format reaches the same weights: within

@@ -201,3 +201,33 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     assert!(doctor.iter().any(|l| l.as_str().unwrap().contains("found by the bundle's launcher")), "{doctor:?}");
     assert!(out.join("battery.log").is_file());
 }
+
+/// The battery's reading of nvidia-smi's samples around a speed check (gpu_battery.clock_summary):
+/// a GPU at its full clock passes; one slowed for heat (as an H100 of 2026-11-27 was, mid-battery)
+/// or running far below its maximum clock is named, so its figures are not compared; a power cap
+/// alone, and idle samples, are not.
+#[test]
+fn the_battery_names_a_gpu_slowed_mid_check() {
+    let code = r#"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from gpu_battery import clock_summary as s
+full = ["100, 1980, 1980, 70, 520.1, 0x0000000000000000", "98, 1965, 1980, 71, 510.0, 0x0000000000000004"]
+idle = ["0, 345, 1980, 60, 97.2, 0x0000000000000001"]
+heat = ["100, 1905, 1980, 86, 190.5, 0x0000000000000020"]
+slow = ["100, 990, 1980, 72, 300.0, 0x0000000000000000", "99, 1005, 1980, 72, 300.0, 0x0000000000000004"]
+print(json.dumps([s(full + idle), s(full + heat + idle), s(slow + ["[N/A]"]), s(idle)]))
+"#;
+    let o = Command::new(common::python())
+        .args(["-c", code, repo().join("bench").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["slowed"], serde_json::Value::Null, "{v}");
+    assert_eq!(v[0]["busy_samples"], 2, "idle samples left out: {v}");
+    assert_eq!(v[1]["slowed"], "slowed by heat (software)", "{v}");
+    assert_eq!(v[1]["temperature_max_c"], 86.0, "{v}");
+    assert_eq!(v[2]["slowed"], "median SM clock 1005 of 1980 MHz", "{v}");
+    assert_eq!(v[3]["busy_samples"], 0, "{v}");
+}

@@ -114,6 +114,9 @@ fn fused_norm_falls_back_on_the_cpu_bit_for_bit() {
     let plain = dir.path().join("plain");
     let out = ringtrain(&train_args(&data, &plain, flags));
     assert!(out.status.success(), "{}", text(&out));
+    // Left out, the flag is decided per device, silently off on the CPU, and not written down.
+    assert!(!text(&out).contains("fused"), "{}", text(&out));
+    assert!(!std::fs::read_to_string(plain.join("config.toml")).unwrap().contains("fused_norm"));
     let fused_run = dir.path().join("fused");
     let out = ringtrain(&train_args(&data, &fused_run, &format!("{flags} --fused-norm")));
     assert!(out.status.success(), "{}", text(&out));

@@ -58,8 +58,8 @@ pub struct BenchResult {
 pub struct StepFlags {
     /// The step replayed as one CUDA graph (`--cuda-graphs`).
     pub cuda_graphs: bool,
-    /// BatchNorm + (add) + ReLU through the fused kernels (`--fused-norm`).
-    pub fused_norm: bool,
+    /// BatchNorm + (add) + ReLU through the fused kernels (`--fused-norm`; None: train's default).
+    pub fused_norm: Option<bool>,
 }
 
 /// The training step of `train` itself (the `Trainer`: micro-step, then optimizer step, with

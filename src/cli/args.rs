@@ -290,9 +290,10 @@ pub struct BenchArgs {
     /// Replay the step as one CUDA graph (captured after the first eager steps; CUDA only).
     #[arg(long)]
     pub cuda_graphs: bool,
-    /// BatchNorm + (add) + ReLU through the fused kernels where they apply (as train's flag).
-    #[arg(long)]
-    pub fused_norm: bool,
+    /// BatchNorm + (add) + ReLU through the fused kernels where they apply (as train's flag,
+    /// with train's default).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub fused_norm: Option<bool>,
     /// Also profile --profile-steps steps after the timed ones (libtorch's Kineto profiler) and
     /// write DIR/trace.json (Chrome trace: Perfetto, chrome://tracing, TensorBoard) and
     /// DIR/profile.txt, the time per step by kernel class (printed too). With --vs-pytorch the
@@ -315,7 +316,8 @@ pub struct BenchRunArgs {
     #[arg(long, default_value = "auto")]
     pub device: DeviceSpec,
     /// Also run the PyTorch reference (bench/torch_step.py, bench/torch_loader.py) with the same
-    /// settings and print the ratio.
+    /// settings and print the ratio (`bench`: ringtrain runs before and after it, the ratio takes
+    /// the mean of its two rates, and a device whose speed moved meanwhile is named).
     #[arg(long)]
     pub vs_pytorch: bool,
     /// Python with torch and torchvision for --vs-pytorch [default: $RINGTRAIN_PYTHON, else python3].
@@ -691,7 +693,9 @@ pub struct TrainArgs {
     pub cuda_graphs: Option<bool>,
     /// BatchNorm, the residual add and ReLU of the ResNet family through ringtrain's fused
     /// kernels (built ahead of time; CUDA GPUs of compute capability 8.0 or newer, channels_last);
-    /// every layer or device they do not cover runs the unfused ops, and says so once.
+    /// every layer or device they do not cover runs the unfused ops, and says so once. Default:
+    /// on where GPU runs showed them faster and equal (fp16 or bf16, channels_last, compute
+    /// capability 9.0, without --cuda-graphs), off elsewhere; false turns them off.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub fused_norm: Option<bool>,
     /// Fine-tune from these weights: a file (safetensors, or a PyTorch .pth/.pt/.bin checkpoint,

@@ -1,8 +1,9 @@
 //! `--fused-norm`: BatchNorm (+ the residual add) + ReLU of a training step in fewer passes over
 //! the activations than eager PyTorch's (kernels/bn_act.py counts them): the Triton kernels of
 //! kernels/bn_act.py, compiled when ringtrain was built (build_support/compile_kernels.py) and
-//! embedded here, launched by csrc/fused_norm.cpp. Behind a flag until a GPU run shows them faster than the unfused ops;
-//! every call they do not cover runs the unfused ops instead (docs/GUIDE.md, "Fused BatchNorm").
+//! embedded here, launched by csrc/fused_norm.cpp. On by default only where GPU runs showed them
+//! faster than the unfused ops and equal to them (`on_by_default`); every call they do not cover
+//! runs the unfused ops instead (docs/GUIDE.md, "Fused BatchNorm").
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int};
@@ -138,9 +139,10 @@ pub fn describe() -> String {
     )
 }
 
-/// Whether the fused kernels can run on `device`: loads them there once. The error says why not
-/// (the run then uses the unfused BatchNorm).
-pub fn prepare(device: Device) -> Result<(), String> {
+/// Whether the fused kernels can run on `device`: loads them there once, and returns the GPU's
+/// compute capability (major·10 + minor). The error says why not (the run then uses the unfused
+/// BatchNorm).
+pub fn prepare(device: Device) -> Result<i32, String> {
     register();
     if table::KERNELS.is_empty() {
         return Err("this build has no fused kernels (Triton was not importable when ringtrain was built)".into());
@@ -149,10 +151,24 @@ pub fn prepare(device: Device) -> Result<(), String> {
         return Err("the fused kernels run on CUDA GPUs, and this run is on the CPU".into());
     };
     // SAFETY: plain C call; errors come back as -1 and the shim's message.
-    if unsafe { rt_fused_prepare(i as c_int) } < 0 {
-        return Err(crate::shim::last_error_message());
+    match unsafe { rt_fused_prepare(i as c_int) } {
+        cc if cc < 0 => Err(crate::shim::last_error_message()),
+        cc => Ok(cc),
     }
-    Ok(())
+}
+
+/// The GPUs (compute capability, major·10 + minor) on which a training run with the fused
+/// kernels was shown both faster than the unfused ops and equal to them within the bounds
+/// (docs/BENCHMARKS.md: H100s). Where a run leaves `--fused-norm` out, it is on there only.
+pub const DEFAULT_ON: &[i32] = &[90];
+
+/// Whether a run that leaves `--fused-norm` out takes the fused kernels: where they were measured
+/// (a ResNet in fp16 or bf16, channels_last, on a GPU of `DEFAULT_ON`), and not with
+/// `--cuda-graphs`, whose capture of them no GPU run has checked yet. `capability` is None when
+/// the kernels cannot run on the device at all.
+pub fn on_by_default(resnet: bool, amp: Option<tch::Kind>, channels_last: bool, cuda_graphs: bool, capability: Option<i32>) -> bool {
+    let half = matches!(amp, Some(tch::Kind::Half | tch::Kind::BFloat16));
+    resnet && half && channels_last && !cuda_graphs && capability.is_some_and(|cc| DEFAULT_ON.contains(&cc))
 }
 
 /// relu(batch_norm(x) [+ residual]) in training mode through the fused kernels, running
@@ -240,4 +256,27 @@ pub fn record_launches(
     let text = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
     let grads = grads.map(|g| (!g.is_null()).then(|| unsafe { Tensor::from_ptr(g) }));
     Ok((text, grads))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::on_by_default;
+    use tch::Kind;
+
+    /// Left out, `--fused-norm` is on only for what GPU runs measured: a ResNet, fp16 or bf16,
+    /// channels_last, compute capability 9.0, no CUDA graphs; any one of them missing turns it off.
+    #[test]
+    fn on_by_default_only_where_measured() {
+        for amp in [Kind::Half, Kind::BFloat16] {
+            assert!(on_by_default(true, Some(amp), true, false, Some(90)));
+        }
+        assert!(!on_by_default(false, Some(Kind::Half), true, false, Some(90)), "not a ResNet");
+        assert!(!on_by_default(true, None, true, false, Some(90)), "fp32");
+        assert!(!on_by_default(true, Some(Kind::Half), false, false, Some(90)), "NCHW");
+        assert!(!on_by_default(true, Some(Kind::Half), true, true, Some(90)), "CUDA graphs");
+        for cc in [80, 86, 89, 100, 120] {
+            assert!(!on_by_default(true, Some(Kind::Half), true, false, Some(cc)), "sm_{cc} not measured");
+        }
+        assert!(!on_by_default(true, Some(Kind::Half), true, false, None), "kernels cannot run");
+    }
 }

@@ -115,7 +115,7 @@ impl Trainer {
     ) -> Result<Self> {
         let device = pg.device;
         tch::manual_seed(seeds::init(cfg.seed));
-        let mut model = Model::build(cfg.model, num_classes, device, model_options(cfg, device));
+        let mut model = Model::build(cfg.model, num_classes, device, model_options(cfg, device)?);
         // A run from timm's weights (a resumed one too) hands timm back its names.
         if matches!(cfg.pretrained, Some(WeightsSource::HfHub(_))) && crate::model::timm::has_timm_names(model.kind) {
             model.names = crate::model::Names::Timm;
@@ -459,21 +459,38 @@ impl Trainer {
     }
 }
 
-/// The model's options, `--fused-norm` kept only where its kernels can run (said once if not).
-fn model_options(cfg: &TrainConfig, device: Device) -> crate::model::ModelOptions {
+/// The model's options, with the fused BatchNorm kernels resolved: `--fused-norm` as given, kept
+/// only where its kernels can run (said once if not); without the flag, on where GPU runs showed
+/// them faster and equal (`fused::on_by_default`), silently off elsewhere.
+fn model_options(cfg: &TrainConfig, device: Device) -> Result<crate::model::ModelOptions> {
     let mut opts = cfg.model_options();
-    if opts.fused_norm {
-        // The kernels are loaded onto the GPU only for a model that uses them.
-        let why = match cfg.model.arch() {
-            crate::model::kind::Arch::ResNet(_) => crate::model::fused::prepare(device).err(),
-            _ => Some(format!("{} has no layers the fused kernels cover (the ResNet family has)", cfg.model)),
-        };
-        if let Some(why) = why {
-            say!("--fused-norm: {why}; the unfused BatchNorm runs");
-            opts.fused_norm = false;
+    let resnet = matches!(cfg.model.arch(), crate::model::kind::Arch::ResNet(_));
+    // The kernels are loaded onto the GPU only for a model that uses them.
+    let prepared = || match resnet {
+        true => crate::model::fused::prepare(device),
+        false => Err(format!("{} has no layers the fused kernels cover (the ResNet family has)", cfg.model)),
+    };
+    opts.fused_norm = match cfg.fused_norm {
+        Some(false) => false,
+        Some(true) => match prepared() {
+            Ok(_) => true,
+            Err(why) => {
+                say!("--fused-norm: {why}; the unfused BatchNorm runs");
+                false
+            }
+        },
+        None if !device.is_cuda() || !resnet => false,
+        None => {
+            let amp = cfg.amp.autocast_kind(device)?;
+            let channels_last = crate::device::channels_last(cfg.channels_last, device);
+            let on = crate::model::fused::on_by_default(resnet, amp, channels_last, cfg.cuda_graphs, prepared().ok());
+            if on {
+                say!("fused BatchNorm + ReLU kernels: on (the default on this GPU; --fused-norm false runs the unfused ops)");
+            }
+            on
         }
-    }
-    opts
+    };
+    Ok(opts)
 }
 
 /// The captured step for a run on `device`: refused (one line naming the option) where it
