@@ -289,7 +289,7 @@ fn repeated_augmentation_gives_each_rank_what_repeat_aug_sampler_gives_it() {
     use rand::seq::SliceRandom;
     perm.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(3));
     let perm_text = perm.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
-    for (reps, world) in [(3, 1), (3, 2), (3, 3), (4, 4), (2, 8)] {
+    for (reps, world) in [(3, 1), (3, 2), (3, 3), (4, 4), (2, 8), (1, 1), (1, 2)] {
         let code = format!(
             r#"import json, torch
 from timm.data.distributed_sampler import RepeatAugSampler
@@ -324,6 +324,10 @@ fn a_run_with_trivial_augment_and_repeated_augmentation_trains_and_refuses_what_
     // 270 training images: 256 an epoch (torchvision's RASampler keeps n // 256 * 256), 8 steps.
     let rows = common::metrics_rows(&run);
     assert_eq!(rows.len(), 1, "{}", common::text(&out));
+    assert!(common::text(&out).contains("8 steps per epoch"), "{}", common::text(&out));
+    // One copy of each image (--ra-reps 1) is still RASampler's epoch, cut to 256 images.
+    let once = common::ringtrain(&common::train_args(&data, &d.path().join("once"), &format!("{flags} --ra-reps 1")));
+    assert!(common::text(&once).contains("8 steps per epoch"), "{}", common::text(&once));
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(config.contains("auto_augment = \"ta_wide\"") && config.contains("ra_sampler = true"), "{config}");
     // show-batch with the run's flags draws the batch the run's first step received, the
@@ -345,6 +349,20 @@ fn a_run_with_trivial_augment_and_repeated_augmentation_trains_and_refuses_what_
     assert!(page.contains("id=\"first-batch\"") && page.contains("First training batch"));
     let text = common::text(&shown);
     assert!(text.contains("32 of the first batch's 32 images"), "{text}");
+    // With two classes too, a mixed image names both (the smoothing's share is every class's
+    // floor, not the row's smaller weight).
+    let two = d.path().join("two");
+    common::link_first(&common::shared_data("plant-seedlings/train"), &two, &["Charlock", "Maize"], 100);
+    let mut args = common::train_args(&two, &d.path().join("two.png"), &format!("{} --mixup-alpha 0.2 --label-smoothing 0.1", flags.replace(" --ra-sampler", "")));
+    args[0] = "show-batch".into();
+    let shown_two = common::text(&common::ringtrain(&args));
+    let mixed: usize = shown_two
+        .split(" px, ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("no count of mixed images: {shown_two}"));
+    assert!(mixed > 0, "{shown_two}");
     // Another seed, another batch.
     let other = d.path().join("other.png");
     let mut args = common::train_args(&data, &other, &format!("{flags} --seed 7"));

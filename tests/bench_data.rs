@@ -48,6 +48,13 @@ fn bench_data_measures_the_loader_beside_pytorchs_and_feeds_a_model() {
         "{stdout}"
     );
 
+    // The batches made on the device take no policy: refused, as train refuses it, rather than
+    // timing no augmentation beside a PyTorch side that times one.
+    common::expect_user_error(
+        &[&common_args[..], &["--data-on-device", "--auto-augment", "ta_wide"]].concat(),
+        "--data-on-device does not do --auto-augment",
+    );
+
     // 36 images cannot make two batches of 64.
     let o = common::ringtrain(&[
         "bench-data",

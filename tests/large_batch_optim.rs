@@ -48,13 +48,15 @@ struct Run {
     kind: OptimizerKind,
     lr: f64,
     weight_decay: f64,
+    /// LARS's (LAMB takes none).
+    momentum: f64,
 }
 
 fn config(run: &Run) -> TrainConfig {
     TrainConfig {
         optimizer: run.kind,
         lr: run.lr,
-        momentum: 0.9,
+        momentum: run.momentum,
         weight_decay: run.weight_decay,
         lars_eta: 0.001,
         sched: SchedKind::Poly,
@@ -83,11 +85,17 @@ fn relative(a: &Tensor, b: &Tensor, start: &Tensor) -> f64 {
 fn lars_and_lamb_match_timm_on_resnet18_for_20_steps() {
     let runs = [
         // MLPerf's ResNet-50 LARS: weight decay 5e-5, momentum 0.9, eta 0.001.
-        ("lars", Run { kind: OptimizerKind::Lars, lr: 0.5, weight_decay: 5e-5 }),
+        ("lars", Run { kind: OptimizerKind::Lars, lr: 0.5, weight_decay: 5e-5, momentum: 0.9 }),
+        // No momentum: no buffers at all (timm keeps none either).
+        ("lars without momentum", Run { kind: OptimizerKind::Lars, lr: 0.5, weight_decay: 5e-5, momentum: 0.0 }),
         // timm's Lamb defaults (weight decay 0.01).
-        ("lamb", Run { kind: OptimizerKind::Lamb, lr: 0.01, weight_decay: 0.01 }),
+        ("lamb", Run { kind: OptimizerKind::Lamb, lr: 0.01, weight_decay: 0.01, momentum: 0.0 }),
     ];
     for (name, run) in runs {
+        let kind = match run.kind {
+            OptimizerKind::Lars => "lars",
+            _ => "lamb",
+        };
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let cfg = config(&run);
@@ -96,13 +104,14 @@ fn lars_and_lamb_match_timm_on_resnet18_for_20_steps() {
             &[
                 "resnet18",
                 d.to_str().unwrap(),
-                name,
+                kind,
                 &run.lr.to_string(),
                 &run.weight_decay.to_string(),
                 &STEPS.to_string(),
                 &(WARMUP_EPOCHS * STEPS_PER_EPOCH).to_string(),
                 "2",
                 &END.to_string(),
+                &run.momentum.to_string(),
             ],
         );
         let mut model = Model::new(ModelKind::ResNet18, 10, Device::Cpu);

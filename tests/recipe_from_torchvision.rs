@@ -137,6 +137,8 @@ fn what_cannot_be_carried_is_named_and_bad_commands_are_refused() {
         ("python train.py --lr", "--lr of torchvision's train.py needs a value"),
         ("torchrun --nproc_per_node=gpu train.py", "give the number of processes per node"),
         ("python train.py --amp=1", "--amp of torchvision's train.py takes no value"),
+        // A value train would refuse is refused here, before a recipe is written.
+        ("python train.py --auto-augment ra --ra-magnitude 40", "--ra-magnitude must be a bin in 0..30"),
     ] {
         let mut args = vec!["recipe".to_string(), "from-torchvision".into(), "--".into()];
         args.extend(command.split_whitespace().map(String::from));

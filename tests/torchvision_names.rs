@@ -187,6 +187,7 @@ for epoch in range({epochs}):
                 got.push(avg);
             }
         }
+        assert_eq!(got.len(), want.len(), "warm-up {warmup}: {got:?} vs {want:?}");
         for (j, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!((g - w).abs() <= 1e-5 * w.abs(), "warm-up {warmup}, step {j}: {got:?} vs {want:?}");
         }

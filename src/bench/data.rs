@@ -44,6 +44,11 @@ pub struct DataBenchOptions {
 
 /// Images per second through the loader (and the step, with a model).
 pub fn run(o: &DataBenchOptions) -> Result<f64> {
+    if o.on_device && o.auto_augment.is_some() {
+        // As train refuses it: the batches made on the device take no policy, and the PyTorch
+        // side would time one.
+        bail_user!("--data-on-device does not do --auto-augment (its policies run in the host pipeline); drop one of the two");
+    }
     let data = Dataset::open(o.data.clone(), "--data")?;
     let cache = match o.on_device {
         true => CachePlan::off("data on the device"),
@@ -54,9 +59,12 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
     let normalize = Normalizer::new(IMAGENET_MEAN, IMAGENET_STD, o.device).channels_last(o.channels_last);
     let mut loader = Loader::new(
         data.samples,
-        match o.auto_augment {
-            None => Transform::random_resized_crop(o.img_size, Interpolation::Bilinear),
-            Some(kind) => Transform::random_resized_crop(o.img_size, Interpolation::Bilinear).with_policy(Policy::torchvision(kind)),
+        {
+            let crop = Transform::random_resized_crop(o.img_size, Interpolation::Bilinear);
+            match o.auto_augment {
+                None => crop,
+                Some(kind) => crop.with_policy(Policy::torchvision(kind)),
+            }
         },
         LoaderOptions {
             shuffle: true,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use super::args::LrFindArgs;
-use crate::dist::plan::{self, DistOptions, Plan};
+use crate::dist::plan::{self, DistOptions};
 use crate::error::user_error;
 use crate::report::page::shell_word;
 use crate::train::lr_find::{self, Stop, DIVERGED};
@@ -102,11 +102,9 @@ fn refuse_run_dir(out: &Path) -> Result<()> {
 /// The test runs in this process alone: several ranks would each need the others' losses, and
 /// the suggestion is for the global batch, which one process takes whole.
 fn one_process(args: &LrFindArgs, cfg: &crate::config::TrainConfig) -> Result<()> {
-    let mut o = DistOptions::from(&args.train.dist);
-    o.nproc_per_node = Some(o.nproc_per_node.unwrap_or(1)); // not one per visible GPU
-    match plan::plan(&o, cfg.device, cfg.sync_bn)? {
-        Plan::Single => Ok(()),
-        Plan::Launch(_) | Plan::Worker(_) => Err(user_error(
+    match plan::is_one_process(&DistOptions::from(&args.train.dist), cfg.device, cfg.sync_bn)? {
+        true => Ok(()),
+        false => Err(user_error(
             "lr-find runs in one process, at the global --batch-size: leave out --nproc-per-node, --nnodes and --max-restarts, and start it without a launcher (torchrun, srun, mpirun)",
         )),
     }

@@ -685,7 +685,10 @@ fn recipe_from_torchvision(out: Option<&std::path::Path>, command: &[String]) ->
     let t = torchvision_command::translate(command)?;
     let text = torchvision_command::to_toml(&t, &command.join(" "));
     let table = config::parse_toml(&text, std::path::Path::new("the made configuration"))?;
-    config::resolve(Some(table), toml::Table::new())?;
+    let mut cfg = config::resolve(Some(table), toml::Table::new())?;
+    // A recipe leaves --data to the run; every other value is checked as train checks it.
+    cfg.data.get_or_insert_with(|| std::path::PathBuf::from("DATA"));
+    cfg.check()?;
     for d in &t.dropped {
         crate::report::progress::warn(&format!("not carried over: {d}"));
     }

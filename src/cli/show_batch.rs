@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::args::ShowBatchArgs;
-use crate::dist::plan::{self, Plan};
+use crate::dist::plan;
 use crate::train::context::RankContext;
 use crate::train::dataset::TrainData;
 use crate::train::first_batch::{first_batch, grid_png};
@@ -24,7 +24,7 @@ pub fn run(args: &ShowBatchArgs) -> Result<()> {
     }
     let mut cfg = super::train_config(&args.train)?;
     cfg.out = std::env::temp_dir(); // no run directory: preflight looks there
-    if !matches!(plan::plan(&(&args.train.dist).into(), cfg.device, cfg.sync_bn)?, Plan::Single) {
+    if !plan::is_one_process(&(&args.train.dist).into(), cfg.device, cfg.sync_bn)? {
         bail_user!("show-batch runs in one process; drop the launch flags");
     }
     cfg.preflight()?;

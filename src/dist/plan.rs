@@ -46,6 +46,17 @@ pub enum Plan {
     Single,
 }
 
+/// Whether a command that runs in this process alone (lr-find, show-batch) was started as one
+/// process: `o` as given, but one process per node unless --nproc-per-node says otherwise (not
+/// one per visible GPU); false under a launcher or with launch flags.
+pub fn is_one_process(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<bool> {
+    let o = DistOptions {
+        nproc_per_node: Some(o.nproc_per_node.unwrap_or(1)),
+        ..o.clone()
+    };
+    Ok(matches!(plan(&o, device, sync_bn)?, Plan::Single))
+}
+
 /// The plan for a run on `device` (`sync_bn` as the run's config says).
 pub fn plan(o: &DistOptions, device: DeviceSpec, sync_bn: bool) -> Result<Plan> {
     let timeout = o.timeout.max(Duration::from_secs(1));

@@ -167,7 +167,7 @@ impl TrainData {
                 shuffle: true,
                 drop_last: per_rank % rank_batch == 1,
                 shard: shard(true),
-                repeats: if cfg.ra_sampler { cfg.ra_reps } else { 1 },
+                repeats: cfg.ra_sampler.then_some(cfg.ra_reps),
                 ..base.clone()
             },
         )?;

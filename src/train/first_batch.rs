@@ -29,7 +29,10 @@ pub fn first_batch(cfg: &TrainConfig, data: &TrainData, rank: usize) -> Result<S
         .train_from(0, 0)
         .next()
         .ok_or_else(|| anyhow::anyhow!("the training set gives no batch"))??;
-    let mixup = cfg.mixup(data.num_classes()).map(Mixup::new).transpose()?;
+    let mix_cfg = cfg.mixup(data.num_classes());
+    // Every class's share of a mixed target row at least: the smoothing's.
+    let floor = mix_cfg.as_ref().map_or(0.0, |m| m.label_smoothing / m.num_classes as f64);
+    let mixup = mix_cfg.map(Mixup::new).transpose()?;
     let (x, targets) = match &mixup {
         Some(m) => {
             let (h, w) = (batch.x.size()[2], batch.x.size()[3]);
@@ -40,8 +43,8 @@ pub fn first_batch(cfg: &TrainConfig, data: &TrainData, rank: usize) -> Result<S
         }
         None => (batch.x.shallow_clone(), None),
     };
-    let pixels = data.normalize.to_pixels(&x);
-    let n = (pixels.size()[0] as usize).min(SHOWN);
+    let n = (x.size()[0] as usize).min(SHOWN);
+    let pixels = data.normalize.to_pixels(&x.narrow(0, 0, n as i64));
     let (h, w) = (pixels.size()[1] as u32, pixels.size()[2] as u32);
     let mut images = Vec::with_capacity(n);
     for i in 0..n {
@@ -50,15 +53,16 @@ pub fn first_batch(cfg: &TrainConfig, data: &TrainData, rank: usize) -> Result<S
         pixels.get(i as i64).copy_data_u8(&mut px, len);
         images.push(RgbImage::from_raw(w, h, px).expect("an image of its own size"));
     }
-    let labels: Vec<i64> = Vec::<i64>::try_from(batch.y.to_device(tch::Device::Cpu).to_kind(Kind::Int64))?;
     let labels = match targets {
-        None => labels.iter().take(n).map(|&c| vec![(c as usize, 1.0)]).collect(),
+        None => {
+            let y = batch.y.narrow(0, 0, n as i64).to_device(tch::Device::Cpu).to_kind(Kind::Int64);
+            Vec::<i64>::try_from(y)?.iter().map(|&c| vec![(c as usize, 1.0)]).collect()
+        }
         Some(t) => {
             let t = t.to_device(tch::Device::Cpu).to_kind(Kind::Double);
             (0..n)
                 .map(|i| {
                     let row = Vec::<f64>::try_from(t.get(i as i64)).unwrap_or_default();
-                    let floor = row.iter().cloned().fold(f64::INFINITY, f64::min);
                     let mut classes: Vec<(usize, f64)> = row.iter().copied().enumerate().filter(|&(_, v)| v > floor + 1e-6).collect();
                     classes.sort_by(|a, b| b.1.total_cmp(&a.1));
                     classes.truncate(2);

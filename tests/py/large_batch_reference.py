@@ -59,7 +59,7 @@ def state(model, opt):
     return out
 
 
-def resnet18(d, kind, lr, wd, steps, warmup, power, end):
+def resnet18(d, kind, lr, wd, steps, warmup, power, end, momentum):
     lr, wd, steps, warmup, power, end = float(lr), float(wd), int(steps), int(warmup), float(power), float(end)
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10)
@@ -67,7 +67,7 @@ def resnet18(d, kind, lr, wd, steps, warmup, power, end):
     x = torch.randn(16, 3, 64, 64)
     y = torch.randint(0, 10, (16,))
     copies = {"forloop": copy.deepcopy(model), "wrong": copy.deepcopy(model)}
-    extra = {"momentum": 0.9} if kind == "lars" else {}
+    extra = {"momentum": float(momentum)} if kind == "lars" else {}
     opts = {name: timm.optim.create_optimizer_v2(m, kind, lr=lr, weight_decay=wd, foreach=name == "foreach", **extra)
             for name, m in [("foreach", model), *copies.items()]}
     names = {p: n for n, p in model.named_parameters()}

@@ -38,7 +38,7 @@ pub struct Loader {
     pin_memory: bool,
     whole_jpeg: bool,
     cache: Option<Arc<Cache>>,
-    repeats: usize,
+    repeats: Option<usize>,
     /// `--data-on-device`: the whole set on the device; batches are made there, not by the pool.
     on_device: Option<DeviceSet>,
     pool: Arc<rayon::ThreadPool>,
@@ -81,8 +81,9 @@ pub struct LoaderOptions {
     /// Keep each decoded image in RAM within this budget (`--cache`).
     pub cache: Option<Arc<Budget>>,
     /// Repeated augmentation (`--ra-sampler --ra-reps N`): each image N times an epoch, in
-    /// torchvision's `RASampler` order (`order::repeated_order`); 1 is off.
-    pub repeats: usize,
+    /// torchvision's `RASampler` order (`order::repeated_order`), the epoch cut as it cuts it
+    /// (with N = 1 too); None is off.
+    pub repeats: Option<usize>,
 }
 
 /// WebDataset's usual buffer (`.shuffle(1000)`). Here it holds sample numbers, not images: its
@@ -108,7 +109,7 @@ impl LoaderOptions {
             pin_memory: false,
             whole_jpeg: false,
             cache: None,
-            repeats: 1,
+            repeats: None,
         }
     }
 
@@ -149,7 +150,7 @@ impl Loader {
             normalize: o.normalize,
             pin_memory: o.pin_memory,
             whole_jpeg: o.whole_jpeg,
-            repeats: o.repeats.max(1),
+            repeats: o.repeats.map(|r| r.max(1)),
             pool: Arc::new(pool),
         })
     }
@@ -181,7 +182,7 @@ impl Loader {
     /// Samples this rank sees per epoch.
     pub fn shard_len(&self) -> usize {
         let n = self.samples.len();
-        if self.repeats > 1 {
+        if self.repeats.is_some() {
             return repeated_len(n, self.shard.map_or(1, |s| s.world));
         }
         match self.shard {
@@ -219,9 +220,9 @@ impl Loader {
         if self.shuffle {
             order.shuffle(&mut seeds::shuffle(self.seed, epoch));
         }
-        if self.repeats > 1 {
+        if let Some(reps) = self.repeats {
             let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));
-            return repeated_order(&order, self.repeats, (rank, world));
+            return repeated_order(&order, reps, (rank, world));
         }
         match self.shard {
             None => order,

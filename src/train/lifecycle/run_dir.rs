@@ -238,6 +238,7 @@ fn remove_earlier_run(run_dir: &Path) -> Result<()> {
                 "report.html",
                 "metrics.csv",
                 "curves.png",
+                FIRST_BATCH,
                 super::data_record::FILE,
             ]
             .contains(&name.as_str());
@@ -267,4 +268,26 @@ fn keep_epoch_checkpoint(run_dir: &Path, epoch: usize, keep: usize) -> Result<()
         std::fs::remove_dir_all(old).with_context(|| format!("removing {}", old.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new run in an earlier run's folder leaves none of its outputs behind (a report would
+    /// show them as the new run's), and nothing of the user's.
+    #[test]
+    fn a_new_run_removes_the_earlier_runs_outputs_only() {
+        let d = tempfile::tempdir().unwrap();
+        let earlier = [FIRST_BATCH, "metrics.csv", "report.html", "events.out.tfevents.1.host"];
+        for f in earlier.iter().chain(&["notes.txt"]) {
+            std::fs::write(d.path().join(f), b"x").unwrap();
+        }
+        std::fs::create_dir(d.path().join("epoch-0003")).unwrap();
+        remove_earlier_run(d.path()).unwrap();
+        for f in earlier.iter().chain(&["epoch-0003"]) {
+            assert!(!d.path().join(f).exists(), "{f} left behind");
+        }
+        assert!(d.path().join("notes.txt").exists());
+    }
 }

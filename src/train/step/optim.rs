@@ -216,7 +216,12 @@ impl Optimizer {
             if params.is_empty() && !matches!(g.state, GroupState::Lamb { .. }) {
                 continue;
             }
-            let pick = |v: &[Tensor]| with_grad.iter().map(|&i| v[i].shallow_clone()).collect::<Vec<_>>();
+            // A state list is empty where there is no such state (momentum 0): torch passes an
+            // empty list then.
+            let pick = |v: &[Tensor]| match v.is_empty() {
+                true => Vec::new(),
+                false => with_grad.iter().map(|&i| v[i].shallow_clone()).collect::<Vec<_>>(),
+            };
             match &mut g.state {
                 GroupState::Sgd { bufs } => {
                     let h = SgdParams {
@@ -225,12 +230,7 @@ impl Optimizer {
                         weight_decay: g.weight_decay,
                         nesterov,
                     };
-                    // No buffers without momentum: torch passes an empty list then.
-                    let b: Vec<Tensor> = match bufs.is_empty() {
-                        true => Vec::new(),
-                        false => with_grad.iter().map(|&i| bufs[i].shallow_clone()).collect(),
-                    };
-                    shim::fused_sgd(&params, &grads, &b, lr, h, false, found_inf)?;
+                    shim::fused_sgd(&params, &grads, &pick(bufs), lr, h, false, found_inf)?;
                 }
                 GroupState::Adam {
                     exp_avg,
@@ -364,7 +364,7 @@ pub fn norm_and_bias_params(params: &[(String, Tensor)]) -> HashSet<String> {
 }
 
 /// torchvision's `set_weight_decay`: the parameters of normalisation layers (their module has a
-/// one-dimensional weight or running statistics: BatchNorm, LayerNorm, GroupNorm) at `norm`,
+/// one-dimensional weight: BatchNorm, LayerNorm, GroupNorm) at `norm`,
 /// then every parameter named `bias` at `bias`, over the norm's; the rest keep --weight-decay.
 pub fn torchvision_decay(params: &[(String, Tensor)], norm: Option<f64>, bias: Option<f64>) -> HashMap<String, f64> {
     let module = |n: &str| n.rsplit_once('.').map_or("", |(m, _)| m).to_string();
@@ -372,7 +372,6 @@ pub fn torchvision_decay(params: &[(String, Tensor)], norm: Option<f64>, bias: O
         .iter()
         .filter(|(n, t)| n.ends_with(".weight") && t.dim() == 1)
         .map(|(n, _)| module(n))
-        .chain(batch_norm_params(&params.iter().map(|p| p.0.clone()).collect::<Vec<_>>()).iter().map(|n| module(n)))
         .collect();
     let mut decay = HashMap::new();
     for (name, _) in params {
