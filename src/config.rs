@@ -559,7 +559,7 @@ pub fn resolve(file: Option<toml::Table>, overrides: toml::Table) -> Result<Trai
     if let Some(t) = eval {
         // The weights' resize is for their input size; for another crop, the ratio is kept.
         if !resize_given {
-            let crop = c.val_crop_size.unwrap_or(c.img_size);
+            let crop = c.val_crop_size();
             c.eval_resize = Some(((t.resize as f64) * crop as f64 / t.img_size as f64).round() as u32);
         }
         if !interpolation_given {
@@ -639,7 +639,6 @@ impl TrainConfig {
         Some((1.0 - alpha, steps))
     }
 
-    /// Mixup/CutMix settings when either is on.
     /// The `--auto-augment` policy, if any: its geometric operations sample as the run's
     /// `--interpolation` where torchvision's tensor kernels can (bicubic: bilinear).
     pub fn policy(&self) -> Option<Policy> {
@@ -657,6 +656,7 @@ impl TrainConfig {
         })
     }
 
+    /// Mixup/CutMix settings when either is on.
     pub fn mixup(&self, num_classes: i64) -> Option<crate::data::augment::mixup::MixupConfig> {
         (self.mixup_alpha > 0.0 || self.cutmix_alpha > 0.0).then(|| crate::data::augment::mixup::MixupConfig {
             mixup_alpha: self.mixup_alpha,
@@ -1096,7 +1096,8 @@ impl TrainConfig {
             img_size: self.img_size,
             drop_path: self.drop_path,
             dropout: self.dropout,
-            fused_norm: self.fused_norm == Some(true),
+            // Decided per device when the run starts (train::step::trainer::model_options).
+            fused_norm: false,
         }
     }
 

@@ -164,11 +164,18 @@ pub const DEFAULT_ON: &[i32] = &[90];
 
 /// Whether a run that leaves `--fused-norm` out takes the fused kernels: where they were measured
 /// (a ResNet in fp16 or bf16, channels_last, on a GPU of `DEFAULT_ON`), and not with
-/// `--cuda-graphs`, whose capture of them no GPU run has checked yet. `capability` is None when
-/// the kernels cannot run on the device at all.
-pub fn on_by_default(resnet: bool, amp: Option<tch::Kind>, channels_last: bool, cuda_graphs: bool, capability: Option<i32>) -> bool {
+/// `--cuda-graphs`, whose capture of them no GPU run has checked yet. `capability` loads the
+/// kernels and gives the GPU's (None when they cannot run there); it is asked last, so a run the
+/// other conditions rule out loads nothing.
+pub fn on_by_default(
+    resnet: bool,
+    amp: Option<tch::Kind>,
+    channels_last: bool,
+    cuda_graphs: bool,
+    capability: impl FnOnce() -> Option<i32>,
+) -> bool {
     let half = matches!(amp, Some(tch::Kind::Half | tch::Kind::BFloat16));
-    resnet && half && channels_last && !cuda_graphs && capability.is_some_and(|cc| DEFAULT_ON.contains(&cc))
+    resnet && half && channels_last && !cuda_graphs && capability().is_some_and(|cc| DEFAULT_ON.contains(&cc))
 }
 
 /// relu(batch_norm(x) [+ residual]) in training mode through the fused kernels, running
@@ -268,15 +275,17 @@ mod tests {
     #[test]
     fn on_by_default_only_where_measured() {
         for amp in [Kind::Half, Kind::BFloat16] {
-            assert!(on_by_default(true, Some(amp), true, false, Some(90)));
+            assert!(on_by_default(true, Some(amp), true, false, || Some(90)));
         }
-        assert!(!on_by_default(false, Some(Kind::Half), true, false, Some(90)), "not a ResNet");
-        assert!(!on_by_default(true, None, true, false, Some(90)), "fp32");
-        assert!(!on_by_default(true, Some(Kind::Half), false, false, Some(90)), "NCHW");
-        assert!(!on_by_default(true, Some(Kind::Half), true, true, Some(90)), "CUDA graphs");
+        assert!(!on_by_default(false, Some(Kind::Half), true, false, || Some(90)), "not a ResNet");
+        assert!(!on_by_default(true, None, true, false, || Some(90)), "fp32");
+        assert!(!on_by_default(true, Some(Kind::Half), false, false, || Some(90)), "NCHW");
+        assert!(!on_by_default(true, Some(Kind::Half), true, true, || Some(90)), "CUDA graphs");
         for cc in [80, 86, 89, 100, 120] {
-            assert!(!on_by_default(true, Some(Kind::Half), true, false, Some(cc)), "sm_{cc} not measured");
+            assert!(!on_by_default(true, Some(Kind::Half), true, false, || Some(cc)), "sm_{cc} not measured");
         }
-        assert!(!on_by_default(true, Some(Kind::Half), true, false, None), "kernels cannot run");
+        assert!(!on_by_default(true, Some(Kind::Half), true, false, || None), "kernels cannot run");
+        // A run the other conditions rule out never loads the kernels to learn the GPU.
+        assert!(!on_by_default(true, None, true, false, || panic!("the kernels were loaded for an fp32 run")));
     }
 }

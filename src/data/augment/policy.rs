@@ -283,12 +283,6 @@ impl Policy {
         }
     }
 
-    /// An operation's magnitudes, bin by bin, for a w×h image (None: it takes none).
-    pub fn magnitudes(&self, op: Op, size: (usize, usize)) -> Option<Vec<f64>> {
-        let &(_, range, _) = self.space().iter().find(|s| s.0 == op)?;
-        (0..self.bins()).map(|i| range.magnitude(self.bins(), i, size)).collect()
-    }
-
     /// The signed magnitude of a drawn step for a w×h image (0 for operations without one).
     pub fn magnitude(&self, step: Step, size: (usize, usize)) -> f64 {
         let range = self.space().iter().find(|s| s.0 == step.op).map_or(Range::Fixed, |s| s.1);

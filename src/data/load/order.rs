@@ -68,19 +68,11 @@ pub fn repeated_len(n: usize, world: usize) -> usize {
 /// copy gets its own augmentation: key % n is the sample.
 pub fn repeated_order(perm: &[usize], reps: usize, (rank, world): (usize, usize)) -> Vec<usize> {
     let n = perm.len();
-    let per_rank = (n * reps).div_ceil(world);
-    let listed: Vec<usize> = perm
-        .iter()
-        .flat_map(|&i| (0..reps).map(move |copy| i + n * copy))
-        .collect();
-    let padding = (per_rank * world).saturating_sub(listed.len());
-    // A padded entry repeats an early one: its key moves past every listed copy.
-    let padded = listed.iter().take(padding).map(|&k| k + n * reps);
-    let all: Vec<usize> = listed.iter().copied().chain(padded).collect();
-    all.into_iter()
-        .skip(rank)
-        .step_by(world)
-        .take(repeated_len(n, world))
+    // Position p of the list holds sample perm[p / reps], copy p % reps. A rank reads positions
+    // below repeated_len · world <= n <= n · reps, so torchvision's padding is never reached.
+    (0..repeated_len(n, world))
+        .map(|j| rank + j * world)
+        .map(|p| perm[p / reps] + n * (p % reps))
         .collect()
 }
 

@@ -479,11 +479,11 @@ fn model_options(cfg: &TrainConfig, device: Device) -> Result<crate::model::Mode
                 false
             }
         },
-        None if !device.is_cuda() || !resnet => false,
+        None if !device.is_cuda() => false,
         None => {
             let amp = cfg.amp.autocast_kind(device)?;
             let channels_last = crate::device::channels_last(cfg.channels_last, device);
-            let on = crate::model::fused::on_by_default(resnet, amp, channels_last, cfg.cuda_graphs, prepared().ok());
+            let on = crate::model::fused::on_by_default(resnet, amp, channels_last, cfg.cuda_graphs, || prepared().ok());
             if on {
                 say!("fused BatchNorm + ReLU kernels: on (the default on this GPU; --fused-norm false runs the unfused ops)");
             }
