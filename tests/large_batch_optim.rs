@@ -4,7 +4,7 @@
 //! (its groups: norms and biases without weight decay, hence without trust ratio) at MLPerf's
 //! polynomial schedule written out as a formula, and saves each step's gradients. Here
 //! ringtrain's resnet18 loads the same weights, its optimizer takes its groups as `train` builds
-//! them (`norm_and_bias_params`) and its learning rates from `--sched poly`, and applies the same
+//! them (`decay_and_not_adapted`) and its learning rates from `--sched poly`, and applies the same
 //! gradients. Gradients come from PyTorch for both, so the optimizer and the schedule alone are
 //! compared (the model's forward and backward have their own tests in torchvision_parity.rs).
 mod common;
@@ -15,7 +15,7 @@ use std::path::Path;
 use ringtrain::config::{OptimizerKind, SchedKind, TrainConfig};
 use ringtrain::model::{Model, ModelKind};
 use ringtrain::shim::Lr;
-use ringtrain::train::step::optim::{norm_and_bias_params, Optimizer, Placement};
+use ringtrain::train::step::optim::{decay_and_not_adapted, norm_and_bias_params, Optimizer, Placement};
 use ringtrain::train::step::schedule::{LrSchedule, PlateauState};
 use tch::{Device, Kind, Tensor};
 
@@ -119,7 +119,9 @@ fn lars_and_lamb_match_timm_on_resnet18_for_20_steps() {
         let params = model.trainable();
         let init: HashMap<String, Tensor> = params.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
         // train's groups: LARS and LAMB leave norms and biases out, as timm's groups do.
+        let (decay, not_adapted) = decay_and_not_adapted(&cfg, &model);
         let no_decay = norm_and_bias_params(&params);
+        assert_eq!(not_adapted, no_decay, "{name}: the tensors without trust ratio");
         let timm_no_decay: HashSet<String> =
             serde_json::from_str(&std::fs::read_to_string(d.join("no_decay.json")).unwrap()).unwrap();
         assert_eq!(no_decay, timm_no_decay, "{name}: the tensors without weight decay and trust ratio");
@@ -129,8 +131,8 @@ fn lars_and_lamb_match_timm_on_resnet18_for_20_steps() {
             &Placement {
                 head_prefix: model.head_prefix(),
                 head_lr_mult: 1.0,
-                decay: &no_decay.iter().map(|n| (n.clone(), 0.0)).collect(),
-                not_adapted: &no_decay,
+                decay: &decay,
+                not_adapted: &not_adapted,
                 layer_decay: None,
             },
         );

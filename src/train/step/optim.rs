@@ -363,6 +363,27 @@ pub fn norm_and_bias_params(params: &[(String, Tensor)]) -> HashSet<String> {
         .collect()
 }
 
+/// A run's weight decay per parameter (where it differs from --weight-decay) and the tensors
+/// LARS and LAMB leave out of the trust ratio (and the decay), for `Placement`: torchvision's
+/// `--norm-weight-decay`/`--bias-weight-decay`, the no-decay switches, LARS's and LAMB's norms
+/// and biases. `check` refused a switch's zero against a non-zero flag, so one value each.
+pub fn decay_and_not_adapted(cfg: &TrainConfig, model: &crate::model::Model) -> (HashMap<String, f64>, HashSet<String>) {
+    let trainable = model.trainable();
+    let mut decay = torchvision_decay(&trainable, cfg.norm_weight_decay, cfg.bias_weight_decay);
+    if cfg.no_bn_weight_decay {
+        decay.extend(batch_norm_params(&model.vs.variables().into_keys().collect::<Vec<_>>()).into_iter().map(|n| (n, 0.0)));
+    }
+    let norms_and_biases = || norm_and_bias_params(&trainable);
+    if cfg.no_norm_bias_decay {
+        decay.extend(norms_and_biases().into_iter().map(|n| (n, 0.0)));
+    }
+    let not_adapted = match cfg.optimizer.layer_wise() {
+        true => norms_and_biases(),
+        false => HashSet::new(),
+    };
+    (decay, not_adapted)
+}
+
 /// torchvision's `set_weight_decay`: the parameters of normalisation layers (their module has a
 /// one-dimensional weight: BatchNorm, LayerNorm, GroupNorm) at `norm`,
 /// then every parameter named `bias` at `bias`, over the norm's; the rest keep --weight-decay.

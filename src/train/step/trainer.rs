@@ -167,19 +167,7 @@ impl Trainer {
         if crate::device::channels_last(cfg.channels_last, device) {
             shim::var_store_to_channels_last(&model.vs)?;
         }
-        // One decay per parameter: `check` refused a switch's zero against a non-zero flag.
-        let mut decay = optim::torchvision_decay(&model.trainable(), cfg.norm_weight_decay, cfg.bias_weight_decay);
-        if cfg.no_bn_weight_decay {
-            decay.extend(optim::batch_norm_params(&model.vs.variables().into_keys().collect::<Vec<_>>()).into_iter().map(|n| (n, 0.0)));
-        }
-        if cfg.no_norm_bias_decay {
-            decay.extend(optim::norm_and_bias_params(&model.trainable()).into_iter().map(|n| (n, 0.0)));
-        }
-        // LARS and LAMB always leave norms and biases out of the trust ratio and the decay.
-        let not_adapted = match cfg.optimizer.layer_wise() {
-            true => optim::norm_and_bias_params(&model.trainable()),
-            false => Default::default(),
-        };
+        let (decay, not_adapted) = optim::decay_and_not_adapted(cfg, &model);
         let placement = Placement {
             head_prefix: model.head_prefix(),
             head_lr_mult: cfg.head_lr_mult,
