@@ -237,8 +237,8 @@ def weights(run):
     return {k: v.double() for k, v in read_safetensors(run / "last" / "model.safetensors").items()}
 
 
-# The fused BatchNorm kernels' bounds (tests/py/fused_bn_act.py holds the interpreted kernels to
-# the same): in fp32 within FUSED_FP32 of fp64, relative to the tensor's largest magnitude; in
+# The fused kernels' bounds (tests/py/fused_bn_act.py and fused_layer_norm.py hold the interpreted
+# kernels to the same): in fp32 within FUSED_FP32 of fp64, relative to the tensor's largest magnitude; in
 # fp16/bf16 at most twice as far from fp64 as PyTorch's unfused ops in that dtype, plus a quarter
 # of its unit roundoff; the fp32 statistics within FUSED_STATS.
 FUSED_FP32 = 2e-5
@@ -264,12 +264,66 @@ def unfused_bn_relu(x, res, w, b, rm, rv, dy, momentum=0.1, eps=1e-5):
     return y.detach(), x.grad, w.grad, b.grad, res.grad if res is not None else None
 
 
+def eager_layer_norm(x, w, b, dy, eps=1e-6):
+    """F.layer_norm over the last dimension as eager PyTorch runs it for x of any dtype: in fp32
+    (fp64 for an fp64 x), rounded to x's dtype on the way out, as autocast's casts do around it.
+    Returns (y, dx, dw, db)."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x, w, b = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+    y = torch.nn.functional.layer_norm(x.to(compute), (x.shape[-1],), w, b, eps).to(x.dtype)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad, b.grad
+
+
+def eager_scale_add(z, stream, gamma, keep, dout):
+    """The end of ConvNeXt's block as eager PyTorch runs it: z [N, H, W, C] back to NCHW, times
+    the layer scale gamma [C, 1, 1], times stochastic depth's per-sample factor keep [N], plus the
+    block's input stream (type promotion as eager's). Returns (out, dz, dgamma, dstream)."""
+    z, stream, gamma = (t.detach().clone().requires_grad_(True) for t in (z, stream, gamma))
+    out = (gamma * z.permute(0, 3, 1, 2)) * keep.view(-1, 1, 1, 1) + stream
+    out.backward(dout)
+    return out.detach(), z.grad, gamma.grad, stream.grad
+
+
 def fused_cases(path, device):
     """Every case `ringtrain fused-check` wrote, recomputed by PyTorch on `device`: returns each
-    case's worst relative errors; Failed naming the first tensor past its bound."""
+    case's worst relative errors; Failed naming the first tensor past its bound. BatchNorm + ReLU
+    cases are numbered ("0.x"), LayerNorm ones "ln0.x", ConvNeXt's scale-add ones "sa0.z"."""
     t = read_safetensors(path)
     found, bad = {}, []
-    for i in sorted({k.split(".")[0] for k in t}, key=int):
+    def rel(a, r):
+        if a.shape != r.shape:
+            raise Failed(f"{path}: a tensor of shape {list(a.shape)} where PyTorch's is {list(r.shape)}")
+        return ((a.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+
+    for i in sorted({k.split(".")[0] for k in t if k.startswith("ln")}, key=lambda s: int(s[2:])):
+        g = lambda n: t[f"{i}.{n}"].to(device)  # noqa: E731
+        x, dy, w, b = g("x"), g("dy"), g("w"), g("b")
+        ref = eager_layer_norm(x.double(), w.double(), b.double(), dy.double())
+        twin = eager_layer_norm(x, w, b, dy)
+        case = {"shape": list(x.shape), "dtype": str(x.dtype).split(".")[-1]}
+        for name, r, tw in zip(("y", "dx", "dw", "db"), ref, twin):
+            ef, et = rel(g(name), r), rel(tw, r)
+            bound = fused_bound(x.dtype, et)
+            case[name] = {"fused": ef, "pytorch": et, "bound": bound}
+            if ef > bound or g(name).dtype != tw.dtype:
+                bad.append(f"case {i} {case['shape']} {case['dtype']}: {name} {ef:.3g} > {bound:.3g}")
+        found[i] = case
+    for i in sorted({k.split(".")[0] for k in t if k.startswith("sa")}, key=lambda s: int(s[2:])):
+        g = lambda n: t[f"{i}.{n}"].to(device)  # noqa: E731
+        z, dout, gamma, keep = g("z"), g("dout"), g("gamma"), g("keep")
+        stream = g("stream").contiguous(memory_format=torch.channels_last)
+        ref = eager_scale_add(z.double(), stream.double(), gamma.double(), keep.double(), dout.double())
+        twin = eager_scale_add(z, stream, gamma, keep, dout)
+        case = {"shape": list(z.shape), "dtype": str(z.dtype).split(".")[-1], "stream": str(stream.dtype).split(".")[-1]}
+        for name, r, tw in zip(("out", "dz", "dgamma"), ref, twin):
+            ef, et = rel(g(name), r), rel(tw, r)
+            bound = fused_bound(tw.dtype if name == "out" else z.dtype, et)
+            case[name] = {"fused": ef, "pytorch": et, "bound": bound}
+            if ef > bound or g(name).dtype != tw.dtype:
+                bad.append(f"case {i} {case['shape']} {case['dtype']}: {name} {ef:.3g} > {bound:.3g}")
+        found[i] = case
+    for i in sorted({k.split(".")[0] for k in t if not k.startswith(("ln", "sa"))}, key=int):
         g = lambda n: t[f"{i}.{n}"].to(device) if f"{i}.{n}" in t else None
         cl = lambda v: v.contiguous(memory_format=torch.channels_last) if v is not None else None
         x, res, dy = cl(g("x")), cl(g("res")), cl(g("dy"))
@@ -278,7 +332,6 @@ def fused_cases(path, device):
         ref = unfused_bn_relu(x.double(), res.double() if res is not None else None, g("w").double(), g("b").double(),
                               rm64, rv64, dy.double())
         twin = unfused_bn_relu(x, res, g("w"), g("b"), g("rm0").clone(), g("rv0").clone(), dy)
-        rel = lambda a, r: ((a.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
         case = {"shape": list(x.shape), "dtype": str(dtype).split(".")[-1]}
         for name, r, tw in zip(("y", "dx", "dw", "db", "dres"), ref, twin):
             if r is None:
@@ -663,7 +716,7 @@ def main():
 
     b.check("fused_norm_numerics", "correctness", fused_numerics)
 
-    def fused_training():
+    def fused_training(model):
         # One training step with --fused-norm against the same step without: 48 images, no
         # momentum, a large lr (the SyncBN check's step, whose update is the gradient itself), fp32
         # without TF32, deterministic kernels, channels_last. The fused kernels must run (no
@@ -674,15 +727,17 @@ def main():
         # whichever is larger; a wrong gradient is orders of magnitude past both. (A 16-step run,
         # the first on an H100, measured the chaos of training more than the kernels: its largest
         # differences were running variances, 0.5 of the largest update between the layouts alone.)
-        # A dry run checks the fallback's line and that it changes nothing.
-        one = lambda name, *extra, lr="0.5": small(out / f"fused-{name}", "resnet10-tiny", "--momentum", 0, "--amp", "off",
-                                                    "--deterministic", "true", *extra, epochs=1, batch=48, lr=lr)
+        # A dry run checks the fallback's line and that it changes nothing. ConvNeXt without
+        # stochastic depth, so that the step's only randomness is the data's.
+        no_drop = ["--drop-path", 0] if model.startswith("convnext") else []
+        one = lambda name, *extra, lr="0.5": small(out / f"fused-{model}-{name}", model, "--momentum", 0, "--amp", "off",  # noqa: E731
+                                                    "--deterministic", "true", *no_drop, *extra, epochs=1, batch=48, lr=lr)
         b.ringtrain(*one("init", "--channels-last", lr="1e-30"), env=fp32)
         b.ringtrain(*one("unfused", "--channels-last", "--fused-norm", "false"), env=fp32)
         b.ringtrain(*one("unfused-nchw", "--channels-last", "false", "--fused-norm", "false"), env=fp32)
         text = b.ringtrain(*one("fused", "--channels-last", "--fused-norm"), env=fp32)
         fell_back = [l for l in text.splitlines() if l.startswith("--fused-norm:")]
-        w = {n: weights(out / f"fused-{n}") for n in ("init", "unfused", "unfused-nchw", "fused")}
+        w = {n: weights(out / f"fused-{model}-{n}") for n in ("init", "unfused", "unfused-nchw", "fused")}
         fused, nchw = (per_tensor(w[n], w["unfused"], w["unfused"], w["init"]) for n in ("fused", "unfused-nchw"))
         found = {"fused_vs_unfused": fused["worst"], "nchw_vs_channels_last": nchw["worst"],
                  "bound": max(FUSED_TRAINING, TWIN_FACTOR * nchw["worst"]), "fell_back": fell_back,
@@ -696,7 +751,8 @@ def main():
             raise Failed("--fused-norm did not run its kernels, or stepped otherwise", **found)
         return found
 
-    b.check("fused_norm_training", "correctness", fused_training)
+    b.check("fused_norm_training", "correctness", lambda: fused_training("resnet10-tiny"))
+    b.check("fused_norm_training_convnext", "correctness", lambda: fused_training("convnext_tiny"))
 
     def host_syncs():
         # RINGTRAIN_CUDA_SYNC_DEBUG=warn: libtorch warns of each host synchronisation inside the
@@ -801,20 +857,23 @@ def main():
         b.check(f"step_{model}_bf16", "speed", lambda args=args: bench_figures(
             b.ringtrain(*args, "--vs-pytorch", "--python", b.python), vs_pytorch=True, memory=not dry))
 
-    # --fused-norm's step against eager PyTorch (same run), in both precisions.
-    def fused_step(amp):
-        batch, img, n, warm = (2, 32, 2, 1) if dry else (256, 224, 50, 15)
-        text = b.ringtrain("bench", "--model", "resnet50", "--batch-size", batch, "--img-size", img, "--device", dev,
+    # --fused-norm's step against eager PyTorch (same run): ResNet-50 in both precisions,
+    # ConvNeXt-T (its LayerNorm) in bf16.
+    def fused_step(amp, model="resnet50", size=(256, 224, 50, 15)):
+        batch, img, n, warm = (2, 32, 2, 1) if dry else size
+        text = b.ringtrain("bench", "--model", model, "--batch-size", batch, "--img-size", img, "--device", dev,
                            "--steps", n, "--warmup", warm, "--amp", amp_of(amp), "--channels-last", "true",
                            "--fused-norm", "--vs-pytorch", "--python", b.python)
         found = bench_figures(text, vs_pytorch=True, memory=not dry)
         found["fell_back"] = [l for l in text.splitlines() if l.startswith("--fused-norm:")]
         if found["fell_back"] and not dry:
-            raise Failed("--fused-norm fell back to the unfused BatchNorm", **found)
+            raise Failed("--fused-norm fell back to the unfused ops", **found)
         return found
 
     for amp in ("bf16", "fp16"):
         b.check(f"step_resnet50_{amp}_fused_norm", "speed", lambda amp=amp: fused_step(amp))
+    b.check("step_convnext_tiny_bf16_fused_norm", "speed",
+            lambda: fused_step("bf16", "convnext_tiny", (128, 224, 40, 10)))
 
     # Where the time goes: ringtrain, eager PyTorch and torch.compile profiled over the same
     # steps (5 after the timed ones), the three traces in one table by kernel class.
@@ -840,6 +899,8 @@ def main():
     b.check("profile_resnet50_bf16_fused_norm", "speed",
             lambda: profiled("resnet50", 256, 224, ["--fused-norm"], "-fused", compiled=False))
     b.check("profile_convnext_tiny_bf16", "speed", lambda: profiled("convnext_tiny", 128, 224))
+    b.check("profile_convnext_tiny_bf16_fused_norm", "speed",
+            lambda: profiled("convnext_tiny", 128, 224, ["--fused-norm"], "-fused", compiled=False))
 
     shared = HERE / "shared" / "bench_loader.py"
     if shared.is_file() and not dry:

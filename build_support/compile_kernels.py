@@ -3,15 +3,16 @@ kernels for, without a GPU: Triton's own compiler and the ptxas it carries, call
 
 Usage: compile_kernels.py OUT_DIR
 Writes OUT_DIR/<name>.<arch>.{cubin,ptx}.gz and OUT_DIR/fused_kernels.rs, the table the binary
-embeds (src/model/fused/kernels.rs includes it): each entry names the kernel variant, the GPU
+embeds (src/model/fused.rs includes it): each entry names the kernel variant, the GPU
 architecture (80, 90, 100 as cubins; 80 also as PTX, which the driver compiles for any newer GPU
 none of the cubins fits), the function's symbol, its launch width and shared memory, and the
 number of parameters the launcher passes (the kernel's own, then Triton's two scratch pointers).
 
-A variant is one dtype of the activations (fp16, bf16, fp32), with or without the residual, and
-"a16": pointers 16-byte aligned and C a multiple of 16 (what ResNets give; Triton then emits
-vector loads), or not (any shape). Prints one line of what it built; exits 3 when Triton cannot
-be imported (the build then goes on without fused kernels).
+A variant is one dtype of the activations (fp16, bf16, fp32), with or without the residual
+(BatchNorm), of one residual stream dtype (ConvNeXt's scale-add), of one tile width (LayerNorm),
+and "a16": pointers 16-byte aligned and C a multiple of 16 (what ResNets and ConvNeXts give;
+Triton then emits vector loads), or not (any shape). Prints one line of what it built; exits 3
+when Triton cannot be imported (the build then goes on without fused kernels).
 """
 import gzip
 import os
@@ -24,67 +25,100 @@ CUBIN_ARCHS = (80, 90, 100)
 PTX_ARCH = 80
 DTYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
 
-KERNELS = ("bn_stats_partial", "bn_stats_finalize", "bn_act_forward", "bn_act_backward_partial",
-           "bn_act_backward_finalize", "bn_act_backward")
-# The ones that exist per activation dtype (the finalize kernels see only fp32 statistics), and
-# among them those with a residual variant.
-TYPED = ("bn_stats_partial", "bn_act_backward_partial", "bn_act_forward", "bn_act_backward")
-WITH_RES = ("bn_act_forward", "bn_act_backward_partial", "bn_act_backward")
-
-
 def variants():
-    """(variant name, kernel, dtype key or None, has_res or None, aligned)."""
-    out = [(k, k, None, None, False) for k in KERNELS if k not in TYPED]
-    for kernel in TYPED:
+    """Every kernel variant the table holds: dicts of its name, module, kernel, dtype key (None
+    for kernels that see only fp32), alignment, constexpr values, launch width and the residual
+    stream's dtype key.
+
+    bn_act: one per activation dtype, with or without the residual, aligned or not; its two
+    finalize kernels once. scale_add: one per dtype and alignment, forward also per dtype of the
+    residual stream (the activations' or fp32); its finalize kernel once. layer_norm: one per
+    dtype, tile width W and alignment; its finalize kernel once."""
+    import bn_act
+    import layer_norm as ln
+    out = []
+
+    def add(name, module, kernel, dt, aligned, constexprs, warps, stream_dt=None):
+        out.append(dict(name=name, module=module, kernel=kernel, dt=dt, aligned=aligned, constexprs=constexprs,
+                        num_warps=warps, stream_dt=stream_dt))
+
+    bn = dict(BLOCK_M=bn_act.BLOCK_M, BLOCK_C=bn_act.BLOCK_C)
+    for kernel in ("bn_stats_finalize", "bn_act_backward_finalize"):
+        add(kernel, "bn_act", kernel, None, False, bn, bn_act.NUM_WARPS)
+    for kernel in ("bn_stats_partial", "bn_act_backward_partial", "bn_act_forward", "bn_act_backward"):
+        with_res = kernel != "bn_stats_partial"
         for dt in DTYPES:
-            for res in ((False, True) if kernel in WITH_RES else (None,)):
+            for res in ((False, True) if with_res else (None,)):
                 for aligned in (False, True):
                     name = kernel + "." + dt + (".res" if res else "") + (".a16" if aligned else "")
-                    out.append((name, kernel, dt, res, aligned))
+                    constexprs = dict(bn, HAS_RES=bool(res)) if with_res else bn
+                    add(name, "bn_act", kernel, dt, aligned, constexprs, bn_act.NUM_WARPS)
+    add("scale_add_backward_finalize", "scale_add", "scale_add_backward_finalize", None, False, bn, bn_act.NUM_WARPS)
+    for dt in DTYPES:
+        for aligned in (False, True):
+            a16 = ".a16" if aligned else ""
+            add(f"scale_add_backward_partial.{dt}{a16}", "scale_add", "scale_add_backward_partial", dt, aligned, bn,
+                bn_act.NUM_WARPS)
+            # The residual stream: in the activations' dtype, or fp32.
+            for stream in sorted({dt, "f32"}):
+                add(f"scale_add_forward.{dt}.{stream}{a16}", "scale_add", "scale_add_forward", dt, aligned, bn,
+                    bn_act.NUM_WARPS, stream)
+    add("ln_backward_finalize", "layer_norm", "ln_backward_finalize", None, False, dict(BLOCK_C=ln.FINALIZE_C), 4)
+    for kernel in ("ln_forward", "ln_backward_partial"):
+        for dt in DTYPES:
+            for w in ln.WIDTHS:
+                for aligned in (False, True):
+                    name = f"{kernel}.{dt}.w{w}" + (".a16" if aligned else "")
+                    add(name, "layer_norm", kernel, dt, aligned, dict(BLOCK_M=ln.TILE // w, W=w), ln.num_warps(w))
     return out
 
 
-def signature(fn, dt, res, aligned):
-    """Triton's signature of `fn` for a variant, each parameter typed by its name (bn_act's
+def signature(fn, v):
+    """Triton's signature of `fn` for variant `v`, each parameter typed by its name (launch.py's
     ACTIVATIONS, INTS, FLOATS; any other pointer fp32), with the alignment hints of "a16"."""
-    import bn_act
+    import launch
     sig, attrs, constexprs = {}, {}, {}
-    runtime = bn_act.runtime_params(fn)
+    runtime = launch.runtime_params(fn)
     for i, name in enumerate(fn.arg_names):
         if name not in runtime:
             sig[name] = "constexpr"
-            constexprs[name] = {"BLOCK_M": bn_act.BLOCK_M, "BLOCK_C": bn_act.BLOCK_C, "HAS_RES": bool(res)}[name]
+            constexprs[name] = v["constexprs"][name]
             continue
-        if name in bn_act.ACTIVATIONS:
-            sig[name] = "*" + DTYPES[dt]
+        if name in launch.ACTIVATIONS:
+            sig[name] = "*" + DTYPES[v["dt"]]
+        elif name in launch.STREAMS:
+            sig[name] = "*" + DTYPES[v["stream_dt"]]
         elif name.endswith("_ptr"):
             sig[name] = "*fp32"
-        elif name in bn_act.INTS:
+        elif name in launch.INTS:
             sig[name] = "i32"
-        elif name in bn_act.FLOATS:
+        elif name in launch.FLOATS:
             sig[name] = "fp32"
         else:
-            raise SystemExit(f"{fn.fn.__name__}: parameter {name} has no type (kernels/bn_act.py's ACTIVATIONS, INTS, FLOATS)")
+            raise SystemExit(f"{fn.fn.__name__}: parameter {name} has no type (kernels/launch.py's ACTIVATIONS, INTS, FLOATS)")
         # Hints: 16-byte aligned pointers and a multiple-of-16 channel count.
-        if aligned and (name.endswith("_ptr") or name == "C"):
+        if v["aligned"] and (name.endswith("_ptr") or name == "C"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs, constexprs
 
 
 def compile_one(job):
-    name, kernel, dt, res, aligned, arch, out_dir = job
+    v, arch, out_dir = job
+    name = v["name"]
     sys.path.insert(0, KERNELS_DIR)
+    import importlib
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    import bn_act
-    fn = getattr(bn_act, kernel)
-    sig, attrs, constexprs = signature(fn, dt, res, aligned)
+    import launch
+    fn = getattr(importlib.import_module(v["module"]), v["kernel"])
+    sig, attrs, constexprs = signature(fn, v)
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": bn_act.NUM_WARPS})
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": v["num_warps"]})
     params = len(re.search(r"\.entry\s+\w+\s*\((.*?)\)", k.asm["ptx"], re.S).group(1).split(","))
-    expected = len(bn_act.runtime_params(fn)) + 2  # + Triton's two scratch pointers
+    expected = len(launch.runtime_params(fn)) + 2  # + Triton's two scratch pointers
     if params != expected:
         raise SystemExit(f"{name} sm_{arch}: the kernel takes {params} parameters, the launcher passes {expected}")
     if k.metadata.global_scratch_size or k.metadata.profile_scratch_size:
@@ -114,8 +148,9 @@ def main(out_dir):
         return 3
     sys.path.insert(0, KERNELS_DIR)
     import bn_act
+    import layer_norm as ln
     os.makedirs(out_dir, exist_ok=True)
-    jobs = [(n, k, d, r, a, arch, out_dir) for (n, k, d, r, a) in variants() for arch in CUBIN_ARCHS]
+    jobs = [(v, arch, out_dir) for v in variants() for arch in CUBIN_ARCHS]
     with ProcessPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
         built = [e for batch in pool.map(compile_one, jobs) for e in batch]
     built.sort()
@@ -124,6 +159,8 @@ def main(out_dir):
         f"pub const TRITON_VERSION: &str = {triton.__version__!r};".replace("'", '"'),
         f"pub const BLOCK_M: i64 = {bn_act.BLOCK_M};",
         f"pub const BLOCK_C: i64 = {bn_act.BLOCK_C};",
+        f"pub const LN_PLAN: LayerNormPlan = LayerNormPlan {{ tile: {ln.TILE}, programs_per_sm: {ln.PROGRAMS_PER_SM}, "
+        f"finalize_c: {ln.FINALIZE_C}, min_width: {ln.WIDTHS[0]}, max_width: {ln.WIDTHS[-1]} }};",
         "pub static KERNELS: &[KernelImage] = &[",
     ]
     for name, arch, form, path, symbol, warps, shared, params in built:

@@ -1,14 +1,16 @@
-// Fused BatchNorm (+ residual add) + ReLU for channels_last training (`--fused-norm`): the
-// Triton kernels of kernels/bn_act.py, compiled to cubins (and one PTX) when ringtrain was built,
-// registered here from Rust (src/model/fused.rs) and launched through the CUDA driver API.
+// Fused normalisation for training (`--fused-norm`): BatchNorm (+ residual add) + ReLU in
+// channels_last (kernels/bn_act.py), LayerNorm over the last dimension in the activations' dtype
+// (kernels/layer_norm.py), and the end of a ConvNeXt block, layer scale × stochastic depth +
+// residual add (kernels/scale_add.py). Triton kernels compiled to cubins (and one PTX) when ringtrain
+// was built, registered here from Rust (src/model/fused.rs) and launched through the CUDA driver.
 //
 // - The driver is opened with dlopen, so binaries start on machines without one, and the shim
 //   still links without libcudart (see cuda_graph.cpp).
-// - One autograd Function holds forward and backward. Its orchestration (buffers, reduction plan,
-//   launch order and arguments) is kernels/bn_act.py's `forward` and `backward`, line for line: the
-//   test suite runs that Python under Triton's interpreter against PyTorch, and checks that this
-//   file launches the same sequence (rt_fused_bn_relu_record, which records launches instead of
-//   running them, on CPU tensors).
+// - One autograd Function per kernel file holds forward and backward. Its orchestration (buffers,
+//   reduction plan, launch order and arguments) is its kernel file's `forward` and `backward`,
+//   line for line: the test suite runs that Python under Triton's interpreter against PyTorch, and
+//   checks that this file launches the same sequence (the *_record functions, which record
+//   launches instead of running them, on CPU tensors).
 // - A call the kernels do not cover (CPU tensors, another layout or dtype, no image for the GPU)
 //   returns "not applicable" with the reason, and the caller runs the unfused ops.
 #include "shim.h"
@@ -51,6 +53,26 @@ std::pair<int64_t, int64_t> reduction_plan(int64_t M, int64_t C, int64_t sm_coun
   return {cdiv(M, rows), rows};
 }
 
+// kernels/layer_norm.py's constants (its TILE, PROGRAMS_PER_SM, FINALIZE_C, WIDTHS' range).
+struct LayerNormPlan {
+  int64_t tile = 0, programs_per_sm = 0, finalize_c = 0, min_width = 0, max_width = 0;
+} g_ln;
+
+// kernels/layer_norm.py's width: the tile's power of two at or above C; 0 above the widest.
+int64_t ln_width(int64_t C) {
+  int64_t w = g_ln.min_width;
+  while (w > 0 && w < C) w *= 2;
+  return w <= g_ln.max_width ? w : 0;
+}
+
+// kernels/layer_norm.py's reduction_plan.
+std::pair<int64_t, int64_t> ln_reduction_plan(int64_t M, int64_t C, int64_t sm_count) {
+  const int64_t block_m = g_ln.tile / ln_width(C);
+  const int64_t parts = std::max<int64_t>(1, std::min(cdiv(M, block_m), g_ln.programs_per_sm * sm_count));
+  const int64_t rows = cdiv(cdiv(M, parts), block_m) * block_m;
+  return {cdiv(M, rows), rows};
+}
+
 const char* dtype_key(at::ScalarType t) {
   switch (t) {
     case at::kHalf: return "f16";
@@ -73,15 +95,25 @@ Arg P(const char* name, const at::Tensor& t) { return Arg{name, t, 0, 0, 'p'}; }
 Arg I(const char* name, int64_t v) { return Arg{name, at::Tensor(), v, 0, 'i'}; }
 Arg F(const char* name, double v) { return Arg{name, at::Tensor(), 0, v, 'f'}; }
 
-// A kernel of the table by its base name: `typed` ones exist per activation dtype, with ".res"
-// for the residual variant and ".a16" when every pointer is 16-byte aligned and C % 16 == 0.
+// The ".a16" variants: every pointer 16-byte aligned and C % 16 == 0.
+bool aligned(int64_t C, const std::vector<Arg>& args) {
+  bool ok = C % 16 == 0;
+  for (const auto& a : args)
+    if (a.kind == 'p') ok = ok && reinterpret_cast<uintptr_t>(a.t.data_ptr()) % 16 == 0;
+  return ok;
+}
+
+// A BatchNorm kernel of the table by its base name: `typed` ones exist per activation dtype, with
+// ".res" for the residual variant, and ".a16".
 std::string variant(const std::string& kernel, bool typed, at::ScalarType dtype, bool res, int64_t C,
                     const std::vector<Arg>& args) {
   if (!typed) return kernel;
-  bool aligned = C % 16 == 0;
-  for (const auto& a : args)
-    if (a.kind == 'p') aligned = aligned && reinterpret_cast<uintptr_t>(a.t.data_ptr()) % 16 == 0;
-  return kernel + "." + dtype_key(dtype) + (res ? ".res" : "") + (aligned ? ".a16" : "");
+  return kernel + "." + dtype_key(dtype) + (res ? ".res" : "") + (aligned(C, args) ? ".a16" : "");
+}
+
+// A LayerNorm kernel of the table: per activation dtype and tile width, and ".a16".
+std::string ln_variant(const std::string& kernel, at::ScalarType dtype, int64_t C, const std::vector<Arg>& args) {
+  return kernel + "." + dtype_key(dtype) + ".w" + std::to_string(ln_width(C)) + (aligned(C, args) ? ".a16" : "");
 }
 
 struct Launcher {
@@ -366,6 +398,131 @@ struct BnRelu : public torch::autograd::Function<BnRelu> {
   }
 };
 
+// kernels/layer_norm.py's forward and backward: x is [.., C], contiguous; [M, C] to the kernels.
+struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::Tensor weight, at::Tensor bias, double eps,
+                            int64_t launcher_ptr) {
+    RECORD_FUNCTION("ringtrain::layer_norm", std::vector<c10::IValue>());
+    auto& L = *reinterpret_cast<Launcher*>(launcher_ptr);
+    const int64_t C = x.size(-1), M = x.numel() / C, W = ln_width(C);
+    auto x2 = x.view({M, C});
+    const auto f32 = x.options().dtype(at::kFloat);
+    auto y = at::empty_like(x, at::MemoryFormat::Contiguous);
+    auto mean = at::empty({M}, f32), rstd = at::empty({M}, f32);
+    std::vector<Arg> a = {P("x", x2), P("weight", weight), P("bias", bias), P("y", y.view({M, C})),
+                          P("mean", mean), P("rstd", rstd), I("M", M), I("C", C), F("eps", eps)};
+    L.launch(ln_variant("ln_forward", x.scalar_type(), C, a), cdiv(M, g_ln.tile / W), 1, a);
+    ctx->save_for_backward({x, weight, mean, rstd});
+    ctx->saved_data["launcher"] = launcher_ptr;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    RECORD_FUNCTION("ringtrain::layer_norm_backward", std::vector<c10::IValue>());
+    auto& L = *reinterpret_cast<Launcher*>(ctx->saved_data["launcher"].toInt());
+    auto saved = ctx->get_saved_variables();
+    auto x = saved[0], weight = saved[1], mean = saved[2], rstd = saved[3];
+    const int64_t C = x.size(-1), M = x.numel() / C;
+    auto dy = grad_outputs[0].to(x.scalar_type()).contiguous();
+    const auto [parts, rows] = ln_reduction_plan(M, C, L.sm_count());
+    const auto f32 = x.options().dtype(at::kFloat);
+    auto part_dw = at::empty({parts, C}, f32), part_db = at::empty({parts, C}, f32);
+    auto dw = at::empty({C}, f32), db = at::empty({C}, f32);
+    auto dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    std::vector<Arg> a = {P("dy", dy.view({M, C})), P("x", x.view({M, C})), P("weight", weight), P("mean", mean),
+                          P("rstd", rstd), P("dx", dx.view({M, C})), P("part_dw", part_dw), P("part_db", part_db),
+                          I("M", M), I("C", C), I("rows_per_prog", rows)};
+    L.launch(ln_variant("ln_backward_partial", x.scalar_type(), C, a), parts, 1, a);
+    a = {P("part_dw", part_dw), P("part_db", part_db), I("num_parts", parts), I("C", C), P("dw", dw), P("db", db)};
+    L.launch("ln_backward_finalize", cdiv(C, g_ln.finalize_c), 1, a);
+    return {dx, dw, db, at::Tensor(), at::Tensor()};
+  }
+};
+
+// kernels/scale_add.py's forward and backward: z [N, H, W, C] contiguous, stream [N, C, H, W]
+// channels_last, both [M, C] rows to the kernels; the tiles and reduction plan are BatchNorm's.
+struct ScaleAddFn : public torch::autograd::Function<ScaleAddFn> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor z, at::Tensor stream, at::Tensor gamma, at::Tensor keep,
+                            int64_t launcher_ptr) {
+    RECORD_FUNCTION("ringtrain::scale_add", std::vector<c10::IValue>());
+    auto& L = *reinterpret_cast<Launcher*>(launcher_ptr);
+    const int64_t C = z.size(3), M = z.numel() / C, per_sample = z.size(1) * z.size(2);
+    auto out = at::empty_like(stream, stream.options().dtype(at::kFloat), at::MemoryFormat::ChannelsLast);
+    std::vector<Arg> a = {P("z", z.view({M, C})), P("stream", rows_of(stream)), P("gamma", gamma), P("keep", keep),
+                          P("out", rows_of(out)), I("M", M), I("C", C), I("rows_per_sample", per_sample)};
+    L.launch(std::string("scale_add_forward.") + dtype_key(z.scalar_type()) + "." + dtype_key(stream.scalar_type()) +
+                 (aligned(C, a) ? ".a16" : ""),
+             cdiv(M, g_block_m), cdiv(C, g_block_c), a);
+    ctx->save_for_backward({z, gamma, keep});
+    ctx->saved_data["launcher"] = launcher_ptr;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    RECORD_FUNCTION("ringtrain::scale_add_backward", std::vector<c10::IValue>());
+    auto& L = *reinterpret_cast<Launcher*>(ctx->saved_data["launcher"].toInt());
+    auto saved = ctx->get_saved_variables();
+    auto z = saved[0], gamma = saved[1], keep = saved[2];
+    const int64_t C = z.size(3), M = z.numel() / C, per_sample = z.size(1) * z.size(2);
+    auto dout = grad_outputs[0].to(at::kFloat).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto [parts, rows] = reduction_plan(M, C, L.sm_count());
+    const auto f32 = z.options().dtype(at::kFloat);
+    auto part = at::empty({parts, C}, f32), dgamma = at::empty({C}, f32);
+    auto dz = at::empty_like(z, at::MemoryFormat::Contiguous);
+    std::vector<Arg> a = {P("dout", rows_of(dout)), P("z", z.view({M, C})), P("gamma", gamma), P("keep", keep),
+                          P("dz", dz.view({M, C})), P("part_dgamma", part), I("M", M), I("C", C),
+                          I("rows_per_sample", per_sample), I("rows_per_prog", rows)};
+    L.launch(std::string("scale_add_backward_partial.") + dtype_key(z.scalar_type()) + (aligned(C, a) ? ".a16" : ""),
+             parts, cdiv(C, g_block_c), a);
+    a = {P("part_dgamma", part), I("num_parts", parts), I("C", C), P("dgamma", dgamma)};
+    L.launch("scale_add_backward_finalize", cdiv(C, g_block_c), 1, a);
+    // The stream's gradient is the upstream one (autograd casts it to the stream's dtype).
+    return {dz, grad_outputs[0], dgamma.view(gamma.sizes()), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Why the scale-add kernels do not cover this call (nullptr when they do).
+const char* scale_add_not_covered(const at::Tensor& z, const at::Tensor& stream, const at::Tensor& gamma,
+                                  const at::Tensor& keep, bool on_cpu_ok) {
+  if (g_n_images == 0) return "this build has no fused kernels";
+  if (!z.is_cuda() && !on_cpu_ok) return "the input is not on a CUDA device";
+  if (z.dim() != 4 || !z.is_contiguous()) return "the block's output is not contiguous NHWC";
+  if (!dtype_key(z.scalar_type())) return "the block's output is not fp16, bf16 or fp32";
+  if (stream.dim() != 4 || !stream.is_contiguous(at::MemoryFormat::ChannelsLast) || stream.size(0) != z.size(0) ||
+      stream.size(1) != z.size(3) || stream.size(2) != z.size(1) || stream.size(3) != z.size(2) ||
+      stream.device() != z.device())
+    return "the block's input is not channels_last in the output's shape";
+  if (stream.scalar_type() != z.scalar_type() && stream.scalar_type() != at::kFloat)
+    return "the block's input is neither fp32 nor in its output's dtype";
+  if (z.numel() == 0) return "an empty input";
+  if (z.numel() / z.size(3) >= (int64_t(1) << 31) - g_block_m) return "more than 2^31 rows";
+  if (!gamma.defined() || gamma.scalar_type() != at::kFloat || gamma.numel() != z.size(3) || !gamma.is_contiguous() ||
+      gamma.device() != z.device())
+    return "the layer scale is not an fp32 vector on the input's device";
+  if (keep.scalar_type() != at::kFloat || keep.numel() != z.size(0) || !keep.is_contiguous() ||
+      keep.device() != z.device())
+    return "stochastic depth's factors are not one fp32 value per sample";
+  return nullptr;
+}
+
+// Why the LayerNorm kernels do not cover this call (nullptr when they do).
+const char* ln_not_covered(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool on_cpu_ok) {
+  if (g_n_images == 0) return "this build has no fused kernels";
+  if (!x.is_cuda() && !on_cpu_ok) return "the input is not on a CUDA device";
+  if (x.dim() < 2 || !x.is_contiguous()) return "the input is not contiguous with its channels last";
+  if (!dtype_key(x.scalar_type())) return "the input is not fp16, bf16 or fp32";
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  if (C < 1 || M < 1) return "an empty input";
+  if (ln_width(C) == 0) return "more channels than the widest LayerNorm kernel";
+  if (M >= (int64_t(1) << 31) - g_ln.tile) return "more than 2^31 rows";
+  for (const at::Tensor* p : {&w, &b}) {
+    if (!p->defined() || p->scalar_type() != at::kFloat || p->numel() != C || !p->is_contiguous() ||
+        p->device() != x.device())
+      return "LayerNorm's weight and bias are not fp32 vectors on the input's device";
+  }
+  return nullptr;
+}
+
 // The residual argument when there is none: an empty tensor (autograd's custom Functions take
 // no undefined tensors).
 at::Tensor no_residual(const at::Tensor& x) { return at::empty({0}, x.options()); }
@@ -402,6 +559,12 @@ int rt_fused_set_images(const rt_kernel_image* images, int n, int64_t block_m, i
   g_n_images = n;
   g_block_m = block_m;
   g_block_c = block_c;
+  return 0;
+}
+
+int rt_fused_set_layer_norm_plan(int64_t tile, int64_t programs_per_sm, int64_t finalize_c, int64_t min_width,
+                                 int64_t max_width) {
+  g_ln = LayerNormPlan{tile, programs_per_sm, finalize_c, min_width, max_width};
   return 0;
 }
 
@@ -452,6 +615,70 @@ const char* rt_fused_bn_relu_record(rt_tensor* x, rt_tensor* weight, rt_tensor* 
     grads[1] = new at::Tensor(wv.grad());
     grads[2] = new at::Tensor(bv.grad());
     grads[3] = residual && rv.grad().defined() ? new at::Tensor(rv.grad()) : nullptr;
+    g_record = rec.out.str();
+    return g_record.c_str();
+  }, nullptr);
+}
+
+rt_tensor* rt_fused_layer_norm(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, double eps, const char** why_not) {
+  *why_not = nullptr;
+  return rt_guard<at::Tensor*>([&]() -> at::Tensor* {
+    *why_not = ln_not_covered(*x, *weight, *bias, false);
+    if (*why_not) return nullptr;
+#ifdef RT_WITH_CUDA
+    Launcher* launcher = &cuda_device(x->get_device());
+    return new at::Tensor(LayerNormFn::apply(*x, *weight, *bias, eps, reinterpret_cast<int64_t>(launcher)));
+#else
+    *why_not = "built without CUDA";
+    return nullptr;
+#endif
+  }, nullptr);
+}
+
+const char* rt_fused_layer_norm_record(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, double eps,
+                                       int64_t sm_count, rt_tensor* dy, rt_tensor** grads) {
+  return rt_guard<const char*>([&]() -> const char* {
+    if (const char* why = ln_not_covered(*x, *weight, *bias, true)) throw std::runtime_error(why);
+    RecordingLauncher rec(sm_count);
+    auto xv = x->detach().requires_grad_(true);
+    auto wv = weight->detach().requires_grad_(true), bv = bias->detach().requires_grad_(true);
+    auto y = LayerNormFn::apply(xv, wv, bv, eps, reinterpret_cast<int64_t>(&rec));
+    y.backward(*dy);
+    grads[0] = new at::Tensor(xv.grad());
+    grads[1] = new at::Tensor(wv.grad());
+    grads[2] = new at::Tensor(bv.grad());
+    g_record = rec.out.str();
+    return g_record.c_str();
+  }, nullptr);
+}
+
+rt_tensor* rt_fused_scale_add(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep, const char** why_not) {
+  *why_not = nullptr;
+  return rt_guard<at::Tensor*>([&]() -> at::Tensor* {
+    *why_not = scale_add_not_covered(*z, *stream, *gamma, *keep, false);
+    if (*why_not) return nullptr;
+#ifdef RT_WITH_CUDA
+    Launcher* launcher = &cuda_device(z->get_device());
+    return new at::Tensor(ScaleAddFn::apply(*z, *stream, *gamma, *keep, reinterpret_cast<int64_t>(launcher)));
+#else
+    *why_not = "built without CUDA";
+    return nullptr;
+#endif
+  }, nullptr);
+}
+
+const char* rt_fused_scale_add_record(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep,
+                                      int64_t sm_count, rt_tensor* dout, rt_tensor** grads) {
+  return rt_guard<const char*>([&]() -> const char* {
+    if (const char* why = scale_add_not_covered(*z, *stream, *gamma, *keep, true)) throw std::runtime_error(why);
+    RecordingLauncher rec(sm_count);
+    auto zv = z->detach().requires_grad_(true), sv = stream->detach().requires_grad_(true);
+    auto gv = gamma->detach().requires_grad_(true);
+    auto out = ScaleAddFn::apply(zv, sv, gv, *keep, reinterpret_cast<int64_t>(&rec));
+    out.backward(*dout);
+    grads[0] = new at::Tensor(zv.grad());
+    grads[1] = new at::Tensor(sv.grad());
+    grads[2] = new at::Tensor(gv.grad());
     g_record = rec.out.str();
     return g_record.c_str();
   }, nullptr);

@@ -26,6 +26,8 @@ TRITON_INTERPRET=1 on the CPU against PyTorch's unfused operations (tests/py/fus
 import triton
 import triton.language as tl
 
+from launch import cdiv, check_args, runtime_params  # noqa: F401 (the tests call them from here)
+
 # Tile of the [M, C] matrix one program handles per iteration: 64 channels (128 bytes of fp16 per
 # row, one coalesced segment) by 64 rows. The C++ side reads these through the kernel table.
 BLOCK_M = 64
@@ -186,10 +188,6 @@ def bn_act_backward(dy_ptr, y_ptr, x_ptr, mean_ptr, invstd_ptr, weight_ptr, dw_p
 
 
 # ---- the orchestration (csrc/fused_norm.cpp does the same with the compiled kernels) ----------
-def cdiv(a, b):
-    return (a + b - 1) // b
-
-
 def reduction_plan(M, C, sm_count):
     """(num_parts, rows_per_prog) of the two-stage reductions: about four programs per
     multiprocessor, each a whole number of BLOCK_M tiles."""
@@ -197,32 +195,6 @@ def reduction_plan(M, C, sm_count):
     parts = max(1, min(cdiv(M, BLOCK_M), cdiv(4 * sm_count, c_blocks)))
     rows = cdiv(cdiv(M, parts), BLOCK_M) * BLOCK_M
     return cdiv(M, rows), rows
-
-
-# The kernels' parameters by name: activations (in the variant's dtype; the rest of the pointers
-# are fp32), int32 and float32 scalars. build_support/compile_kernels.py types the compiled
-# signatures from these; `check_args` holds every launch to them.
-ACTIVATIONS = {"x_ptr", "res_ptr", "y_ptr", "dy_ptr", "dx_ptr", "dres_ptr"}
-INTS = {"M", "C", "rows_per_prog", "num_parts"}
-FLOATS = {"momentum", "eps"}
-
-
-def runtime_params(kernel):
-    """The kernel's parameter names that are not tl.constexpr, in order (compiled or interpreted)."""
-    import inspect
-    return [n for n, p in inspect.signature(kernel.fn).parameters.items() if p.annotation is not tl.constexpr]
-
-
-def check_args(kernel, args):
-    """`args`, (name, value) pairs, are the kernel's parameters in order, each named as the
-    parameter (pointers without "_ptr") and of its kind."""
-    import torch
-    params = runtime_params(kernel)
-    names = [n if not torch.is_tensor(v) else n + "_ptr" for n, v in args]
-    assert names == params, (kernel.fn.__name__, names, params)
-    for n, v in args:
-        ok = torch.is_tensor(v) if n + "_ptr" in params else isinstance(v, int) if n in INTS else isinstance(v, float)
-        assert ok, (kernel.fn.__name__, n, type(v))
 
 
 def run(kernel, grid, args, **constexprs):

@@ -147,6 +147,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
         "train_cuda_graphs",
         "fused_norm_numerics",
         "fused_norm_training",
+        "fused_norm_training_convnext",
         "host_syncs_per_step",
     ]
     .map(String::from)
@@ -170,8 +171,15 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     want.extend(["step_convnext_tiny_bf16", "step_vit_b_16_bf16"].map(String::from));
     // --fused-norm against eager PyTorch, then ringtrain, eager and torch.compile profiled.
     want.extend(["bf16", "fp16"].map(|amp| format!("step_resnet50_{amp}_fused_norm")));
+    want.push("step_convnext_tiny_bf16_fused_norm".into());
     want.extend(
-        ["profile_resnet50_bf16", "profile_resnet50_bf16_fused_norm", "profile_convnext_tiny_bf16"].map(String::from),
+        [
+            "profile_resnet50_bf16",
+            "profile_resnet50_bf16_fused_norm",
+            "profile_convnext_tiny_bf16",
+            "profile_convnext_tiny_bf16_fused_norm",
+        ]
+        .map(String::from),
     );
     assert_eq!(names, want);
     for c in checks {
@@ -189,9 +197,11 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     assert!(low["dual_vs_single"].as_f64().unwrap() <= low["bound"].as_f64().unwrap(), "{ranks:#}");
     assert_eq!(details("sigterm_then_resume")["deterministic"]["bit_identical"], true);
     // On the CPU --fused-norm falls back, says so, and changes nothing.
-    let fused = details("fused_norm_training");
-    assert_eq!(fused["fused_vs_unfused"].as_f64(), Some(0.0), "{fused:#}");
-    assert_eq!(fused["fell_back"].as_array().unwrap().len(), 1, "{fused:#}");
+    for check in ["fused_norm_training", "fused_norm_training_convnext"] {
+        let fused = details(check);
+        assert_eq!(fused["fused_vs_unfused"].as_f64(), Some(0.0), "{fused:#}");
+        assert_eq!(fused["fell_back"].as_array().unwrap().len(), 1, "{fused:#}");
+    }
     // The profile table has the three traces' columns and the classes' rows.
     let table: Vec<&str> =
         details("profile_resnet50_bf16")["table"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();

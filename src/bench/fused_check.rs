@@ -1,9 +1,9 @@
 //! `ringtrain fused-check` (hidden; the GPU battery runs it): the compiled fused BatchNorm +
-//! (add) + ReLU kernels, forward and backward through autograd, on ResNet's shapes and odd ones
-//! in fp16, bf16 and fp32, with everything in and out written to one safetensors file. The
+//! (add) + ReLU kernels, LayerNorm kernels and ConvNeXt's scale-add kernels, forward and backward through autograd, on
+//! ResNet's and ConvNeXt's shapes and odd ones in fp16, bf16 and fp32, with everything in and out written to one safetensors file. The
 //! battery then recomputes each case with PyTorch (fp64, and its unfused ops in the same dtype) on
 //! the same GPU and holds the kernels to the bounds the interpreter test holds them to on the CPU
-//! (tests/py/fused_bn_act.py).
+//! (tests/py/fused_bn_act.py, fused_layer_norm.py, fused_scale_add.py).
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -21,6 +21,27 @@ const CASES: &[([i64; 4], Kind, bool)] = &[
     ([3, 130, 9, 11], Kind::BFloat16, false),
     ([4, 128, 28, 28], Kind::Float, true),
     ([3, 64, 9, 9], Kind::Float, false),
+];
+
+/// LayerNorm cases: an NHWC activation (N, H, W, C), dtype. ConvNeXt-T's and -L's widths, and
+/// odd ones.
+const LN_CASES: &[([i64; 4], Kind)] = &[
+    ([8, 56, 56, 96], Kind::BFloat16),
+    ([8, 14, 14, 384], Kind::Half),
+    ([4, 7, 7, 768], Kind::BFloat16),
+    ([2, 7, 7, 1536], Kind::BFloat16),
+    ([2, 5, 7, 67], Kind::Half),
+    ([3, 9, 11, 130], Kind::Float),
+];
+
+/// Scale-add cases (the end of a ConvNeXt block): the block's output (N, H, W, C), its dtype and
+/// the residual stream's.
+const SCALE_ADD_CASES: &[([i64; 4], Kind, Kind)] = &[
+    ([8, 56, 56, 96], Kind::BFloat16, Kind::Float),
+    ([8, 14, 14, 384], Kind::Half, Kind::Half),
+    ([4, 7, 7, 768], Kind::BFloat16, Kind::BFloat16),
+    ([2, 5, 7, 67], Kind::Half, Kind::Float),
+    ([3, 9, 11, 130], Kind::Float, Kind::Float),
 ];
 
 pub fn run(device: Device, out: &Path) -> Result<usize> {
@@ -77,9 +98,68 @@ pub fn run(device: Device, out: &Path) -> Result<usize> {
             put("dres", &r.grad());
         }
     }
+    for (i, &(shape, kind)) in LN_CASES.iter().enumerate() {
+        tch::manual_seed(2000 + i as i64);
+        let c = shape[3];
+        let opts = (Kind::Float, device);
+        let x = (Tensor::randn(shape, opts) * 0.5 + 3.0)
+            .to_kind(kind)
+            .set_requires_grad(true);
+        let dy = Tensor::randn(shape, opts).to_kind(kind);
+        let w = (Tensor::rand([c], opts) + 0.5).set_requires_grad(true);
+        let b = (Tensor::randn([c], opts) * 0.1).set_requires_grad(true);
+        let y = fused::layer_norm(&x, &w, &b, 1e-6).with_context(|| {
+            format!("fused-check: the kernels do not cover LayerNorm case {i} ({shape:?} {kind:?})")
+        })?;
+        (&y * &dy).sum(Kind::Float).backward();
+        for (name, t) in [
+            ("x", &x),
+            ("dy", &dy),
+            ("w", &w),
+            ("b", &b),
+            ("y", &y),
+            ("dx", &x.grad()),
+            ("dw", &w.grad()),
+            ("db", &b.grad()),
+        ] {
+            named.push((format!("ln{i}.{name}"), t.shallow_clone()));
+        }
+    }
+    for (i, &([n, h, w, c], z_kind, stream_kind)) in SCALE_ADD_CASES.iter().enumerate() {
+        tch::manual_seed(3000 + i as i64);
+        let opts = (Kind::Float, device);
+        let z = Tensor::randn([n, h, w, c], opts)
+            .to_kind(z_kind)
+            .set_requires_grad(true);
+        let stream = crate::shim::to_channels_last(&Tensor::randn([n, c, h, w], opts).to_kind(stream_kind))?
+            .set_requires_grad(true);
+        let gamma = (Tensor::rand([c, 1, 1], opts) + 0.5).set_requires_grad(true);
+        // Stochastic depth's factors: about a third of the samples dropped, the rest scaled.
+        let keep = Tensor::rand([n], opts).gt(0.3).to_kind(Kind::Float) / 0.7;
+        let dout = crate::shim::to_channels_last(&Tensor::randn([n, c, h, w], opts))?;
+        let y = fused::scale_add(&z, &stream, &gamma, &keep).with_context(|| {
+            format!(
+                "fused-check: the kernels do not cover scale-add case {i} ({:?} {z_kind:?})",
+                [n, h, w, c]
+            )
+        })?;
+        (&y * &dout).sum(Kind::Float).backward();
+        for (name, t) in [
+            ("z", &z),
+            ("stream", &stream),
+            ("gamma", &gamma),
+            ("keep", &keep),
+            ("dout", &dout),
+            ("out", &y),
+            ("dz", &z.grad()),
+            ("dgamma", &gamma.grad()),
+        ] {
+            named.push((format!("sa{i}.{name}"), t.shallow_clone()));
+        }
+    }
     crate::atomic::write_file_by_path(out, |tmp| {
         let refs = named.iter().map(|(k, t)| (k.as_str(), t));
         crate::model::weights::write_tensors(refs, tmp).with_context(|| format!("writing {}", out.display()))
     })?;
-    Ok(CASES.len())
+    Ok(CASES.len() + LN_CASES.len() + SCALE_ADD_CASES.len())
 }

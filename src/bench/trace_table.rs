@@ -135,6 +135,8 @@ const NORM: &[&str] = &[
     "bn_stats_",
     "bn_act_",
     "bn_relu",
+    "ln_forward",
+    "ln_backward",
 ];
 const REDUCTION: &[&str] = &[
     "reduce_kernel",
@@ -196,6 +198,7 @@ const POINTWISE: &[&str] = &[
     "addbackward",
     "mulbackward",
     "accumulategrad",
+    "scale_add",
 ];
 
 fn any(names: &[String], patterns: &[&str]) -> bool {
@@ -811,6 +814,12 @@ mod tests {
             c(&["aten::relu_", "at::native::vectorized_elementwise_kernel"]),
             Class::Pointwise
         );
+        // ringtrain's fused kernels (--fused-norm), by their own names as well as their ops'.
+        assert_eq!(c(&["ringtrain::bn_relu", "bn_act_forward"]), Class::Norm);
+        assert_eq!(c(&["ln_backward_partial"]), Class::Norm);
+        assert_eq!(c(&["ringtrain::layer_norm", "ln_forward"]), Class::Norm);
+        assert_eq!(c(&["scale_add_backward_partial"]), Class::Pointwise);
+        assert_eq!(c(&["ringtrain::scale_add", "scale_add_forward"]), Class::Pointwise);
         assert_eq!(
             c(&[
                 "Optimizer.step#SGD.step",

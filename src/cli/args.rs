@@ -290,8 +290,8 @@ pub struct BenchArgs {
     /// Replay the step as one CUDA graph (captured after the first eager steps; CUDA only).
     #[arg(long)]
     pub cuda_graphs: bool,
-    /// BatchNorm + (add) + ReLU through the fused kernels where they apply (as train's flag,
-    /// with train's default).
+    /// Normalisation through the fused kernels where they apply (as train's flag, with train's
+    /// default).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub fused_norm: Option<bool>,
     /// Also profile --profile-steps steps after the timed ones (libtorch's Kineto profiler) and
@@ -691,11 +691,12 @@ pub struct TrainArgs {
     /// --accum-steps).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub cuda_graphs: Option<bool>,
-    /// BatchNorm, the residual add and ReLU of the ResNet family through ringtrain's fused
-    /// kernels (built ahead of time; CUDA GPUs of compute capability 8.0 or newer, channels_last);
-    /// every layer or device they do not cover runs the unfused ops, and says so once. Default:
-    /// on where GPU runs showed them faster and equal (fp16 or bf16, channels_last, compute
-    /// capability 9.0, without --cuda-graphs), off elsewhere; false turns them off.
+    /// Normalisation through ringtrain's fused kernels (built ahead of time; CUDA GPUs of
+    /// compute capability 8.0 or newer, channels_last): BatchNorm, the residual add and ReLU of
+    /// the ResNet family, and ConvNeXt's block LayerNorm; every layer or device they do not cover
+    /// runs the unfused ops, and says so once. Default: on where GPU runs showed them faster and
+    /// equal (ResNets in fp16 or bf16, channels_last, compute capability 9.0, without
+    /// --cuda-graphs), off elsewhere; false turns them off.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub fused_norm: Option<bool>,
     /// Fine-tune from these weights: a file (safetensors, or a PyTorch .pth/.pt/.bin checkpoint,

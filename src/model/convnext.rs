@@ -4,6 +4,7 @@
 //! Every convolution and linear layer starts from trunc_normal(std 0.02) with zero biases, the
 //! layer scales at 1e-6.
 use tch::nn::{self, ModuleT};
+use tch::Tensor;
 
 use super::layers::{self, conv2d, conv_norm_act_init, conv_norm_renamed, linear, norm2d, stochastic_depth, ConvShape, NormKind, ZERO};
 use super::LayerMap;
@@ -21,8 +22,11 @@ fn init() -> nn::Init {
 }
 
 /// CNBlock: depthwise 7×7, LayerNorm (NHWC), Linear 4×, GELU, Linear, layer scale, stochastic
-/// depth, residual.
-fn block(p: nn::Path, dim: i64, drop: f64) -> impl ModuleT {
+/// depth, residual. With `fused_norm`, where the kernels apply (model/fused.rs), the LayerNorm
+/// runs as one kernel each way in the activations' dtype (the Linear after it is what lets it
+/// skip autocast's fp32 output), and the layer scale, stochastic depth and residual add as
+/// another.
+fn block(p: nn::Path, dim: i64, drop: f64, fused_norm: bool) -> impl ModuleT {
     let b = &p / "block";
     let dw = conv2d(&b / 0, dim, dim, ConvShape::new(7, 1).groups(dim), init(), Some(ZERO));
     let ln = layers::layer_norm(&b / 2, dim, 1e-6);
@@ -30,21 +34,50 @@ fn block(p: nn::Path, dim: i64, drop: f64) -> impl ModuleT {
     let fc2 = linear(&b / 5, 4 * dim, dim, init(), ZERO);
     let scale = p.var("layer_scale", &[dim, 1, 1], nn::Init::Const(LAYER_SCALE));
     nn::func_t(move |x, train| {
-        let y = x
-            .apply(&dw)
-            .permute([0, 2, 3, 1])
-            .apply(&ln)
-            .apply(&fc1)
-            .gelu("none")
-            .apply(&fc2)
-            .permute([0, 3, 1, 2]);
-        stochastic_depth(&(&scale * y), drop, train) + x
+        let y = x.apply(&dw).permute([0, 2, 3, 1]);
+        let fused = match (fused_norm, &ln.ws, &ln.bs) {
+            (true, Some(w), Some(b)) => super::fused::layer_norm(&y, w, b, 1e-6),
+            _ => None,
+        };
+        let z = fused.unwrap_or_else(|| y.apply(&ln)).apply(&fc1).gelu("none").apply(&fc2);
+        block_end(&z, x, &scale, drop, train, fused_norm)
     })
 }
 
+/// x + stochastic_depth(layer_scale · z): `z` the block's last Linear output (NHWC), `x` its
+/// input. With `fused`, one kernel each way where they apply (model/fused.rs).
+fn block_end(z: &Tensor, x: &Tensor, scale: &Tensor, drop: f64, train: bool, fused: bool) -> Tensor {
+    if !fused {
+        return stochastic_depth(&(scale * z.permute([0, 3, 1, 2])), drop, train) + x;
+    }
+    // The factors eager's stochastic depth draws (fp32: the layer scale promotes), drawn once, so
+    // that a call the kernels refuse runs the unfused ops on the same draw.
+    let n = z.size()[0];
+    let dropping = train && drop > 0.0;
+    let keep = match dropping {
+        true => layers::keep_factors(&[n], drop, (tch::Kind::Float, z.device())),
+        false => Tensor::ones([n], (tch::Kind::Float, z.device())),
+    };
+    if let Some(out) = super::fused::scale_add(z, x, scale, &keep) {
+        return out;
+    }
+    let y = scale * z.permute([0, 3, 1, 2]);
+    match dropping {
+        true => y * keep.view([n, 1, 1, 1]) + x,
+        false => y + x,
+    }
+}
+
 /// `drop_path`: torchvision's `stochastic_depth_prob`, rising linearly from 0 at the first
-/// block to this at the last.
-pub fn convnext(p: &nn::Path, spec: &ConvNextSpec, num_classes: i64, drop_path: f64) -> (nn::FuncT<'static>, LayerMap) {
+/// block to this at the last. `fused_norm`: the blocks' LayerNorms and ends through the fused
+/// kernels.
+pub fn convnext(
+    p: &nn::Path,
+    spec: &ConvNextSpec,
+    num_classes: i64,
+    drop_path: f64,
+    fused_norm: bool,
+) -> (nn::FuncT<'static>, LayerMap) {
     let f = p / "features";
     let d = spec.dims;
     let stem = conv_norm_act_init(
@@ -66,7 +99,7 @@ pub fn convnext(p: &nn::Path, spec: &ConvNextSpec, num_classes: i64, drop_path: 
         let idx = 1 + 2 * s;
         for j in 0..n {
             let prob = drop_path * block_id as f64 / (total as f64 - 1.0);
-            features = features.add(block(&f / idx / j, d[s], prob));
+            features = features.add(block(&f / idx / j, d[s], prob, fused_norm));
             // The downsampling before a stage learns at its first block's rate.
             let mut group = vec![format!("features.{idx}.{j}")];
             if s > 0 && j == 0 {

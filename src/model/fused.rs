@@ -1,9 +1,13 @@
-//! `--fused-norm`: BatchNorm (+ the residual add) + ReLU of a training step in fewer passes over
-//! the activations than eager PyTorch's (kernels/bn_act.py counts them): the Triton kernels of
-//! kernels/bn_act.py, compiled when ringtrain was built (build_support/compile_kernels.py) and
-//! embedded here, launched by csrc/fused_norm.cpp. On by default only where GPU runs showed them
-//! faster than the unfused ops and equal to them (`on_by_default`); every call they do not cover
-//! runs the unfused ops instead (docs/GUIDE.md, "Fused BatchNorm").
+//! `--fused-norm`: a training step's normalisation in fewer passes over the activations than
+//! eager PyTorch's: BatchNorm (+ the residual add) + ReLU in ResNets (kernels/bn_act.py counts
+//! the passes), and in ConvNeXt's blocks the LayerNorm in the activations' own dtype, without
+//! autocast's casts to fp32 and back (kernels/layer_norm.py), and the layer scale, stochastic
+//! depth and residual add as one kernel each way (kernels/scale_add.py). Triton kernels compiled
+//! when ringtrain was built (build_support/compile_kernels.py) and embedded here, launched by
+//! csrc/fused_norm.cpp.
+//! On by default only where GPU runs showed them faster than the unfused ops and equal to them
+//! (`on_by_default`); every call they do not cover runs the unfused ops instead (docs/GUIDE.md,
+//! "Fused normalisation").
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int};
@@ -30,8 +34,19 @@ pub struct KernelImage {
     pub image_gz: &'static [u8],
 }
 
+/// kernels/layer_norm.py's constants, as the build read them: the tile's elements, programs per
+/// multiprocessor in backward, columns per program of the weight gradient's sum, and the range of
+/// tile widths (powers of two).
+pub struct LayerNormPlan {
+    pub tile: i64,
+    pub programs_per_sm: i64,
+    pub finalize_c: i64,
+    pub min_width: i64,
+    pub max_width: i64,
+}
+
 mod table {
-    use super::KernelImage;
+    use super::{KernelImage, LayerNormPlan};
     include!(concat!(env!("OUT_DIR"), "/kernels/fused_kernels.rs"));
 }
 
@@ -49,7 +64,46 @@ struct RtKernelImage {
 
 extern "C" {
     fn rt_fused_set_images(images: *const RtKernelImage, n: c_int, block_m: i64, block_c: i64) -> c_int;
+    fn rt_fused_set_layer_norm_plan(
+        tile: i64,
+        programs_per_sm: i64,
+        finalize_c: i64,
+        min_width: i64,
+        max_width: i64,
+    ) -> c_int;
     fn rt_fused_prepare(device: c_int) -> c_int;
+    fn rt_fused_layer_norm(
+        x: *mut torch_sys::C_tensor,
+        weight: *mut torch_sys::C_tensor,
+        bias: *mut torch_sys::C_tensor,
+        eps: f64,
+        why_not: *mut *const c_char,
+    ) -> *mut torch_sys::C_tensor;
+    fn rt_fused_scale_add(
+        z: *mut torch_sys::C_tensor,
+        stream: *mut torch_sys::C_tensor,
+        gamma: *mut torch_sys::C_tensor,
+        keep: *mut torch_sys::C_tensor,
+        why_not: *mut *const c_char,
+    ) -> *mut torch_sys::C_tensor;
+    fn rt_fused_scale_add_record(
+        z: *mut torch_sys::C_tensor,
+        stream: *mut torch_sys::C_tensor,
+        gamma: *mut torch_sys::C_tensor,
+        keep: *mut torch_sys::C_tensor,
+        sm_count: i64,
+        dout: *mut torch_sys::C_tensor,
+        grads: *mut *mut torch_sys::C_tensor,
+    ) -> *const c_char;
+    fn rt_fused_layer_norm_record(
+        x: *mut torch_sys::C_tensor,
+        weight: *mut torch_sys::C_tensor,
+        bias: *mut torch_sys::C_tensor,
+        eps: f64,
+        sm_count: i64,
+        dy: *mut torch_sys::C_tensor,
+        grads: *mut *mut torch_sys::C_tensor,
+    ) -> *const c_char;
     fn rt_fused_bn_relu(
         x: *mut torch_sys::C_tensor,
         weight: *mut torch_sys::C_tensor,
@@ -111,7 +165,11 @@ fn register() {
             unpacked.push(image); // moving the Vec keeps its heap buffer where `image` points
         }
         // SAFETY: `images` and `names` are kept alive in the OnceLock for the process's life.
-        unsafe { rt_fused_set_images(images.as_ptr(), images.len() as c_int, table::BLOCK_M, table::BLOCK_C) };
+        let ln = &table::LN_PLAN;
+        unsafe {
+            rt_fused_set_images(images.as_ptr(), images.len() as c_int, table::BLOCK_M, table::BLOCK_C);
+            rt_fused_set_layer_norm_plan(ln.tile, ln.programs_per_sm, ln.finalize_c, ln.min_width, ln.max_width);
+        }
         Registered {
             _names: names,
             _unpacked: unpacked,
@@ -207,23 +265,64 @@ pub fn bn_relu(
             &mut why,
         )
     };
+    // SAFETY: `out` is null or a new tensor; `why` null or one of the shim's static C strings.
+    unsafe { taken_or_told(out, why, "BatchNorm") }
+}
+
+/// layer_norm(x, [C], weight, bias, eps) over x's last dimension through the fused kernels, in
+/// x's own dtype (fp32 inside): what eager PyTorch computes under autocast before the next
+/// Linear casts its fp32 output back to fp16/bf16, so it may stand only where a Linear (or
+/// another op autocast casts) takes the output. `None` when the kernels do not cover this call
+/// (said once per reason), and the caller runs the unfused LayerNorm; a failure inside them ends
+/// the process, as in `bn_relu`.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Option<Tensor> {
+    register();
+    let mut why: *const c_char = std::ptr::null();
+    // SAFETY: live tensors in; the result is a new tensor we own, or null with a reason.
+    unsafe {
+        let out = rt_fused_layer_norm(ptr(x), ptr(weight), ptr(bias), eps, &mut why);
+        taken_or_told(out, why, "LayerNorm")
+    }
+}
+
+/// The end of a ConvNeXt block through the fused kernels: `stream + keep[n]·gamma[c]·z` with z
+/// the block's last Linear output ([N, H, W, C]), stream its channels_last input, gamma the layer
+/// scale (C values) and keep stochastic depth's factor per sample (fp32); fp32 out, channels_last,
+/// as eager's type promotion gives it. `None` when the kernels do not cover this call (said once
+/// per reason), and the caller runs the unfused ops.
+pub fn scale_add(z: &Tensor, stream: &Tensor, gamma: &Tensor, keep: &Tensor) -> Option<Tensor> {
+    register();
+    let mut why: *const c_char = std::ptr::null();
+    // SAFETY: live tensors in; the result is a new tensor we own, or null with a reason.
+    unsafe {
+        let out = rt_fused_scale_add(ptr(z), ptr(stream), ptr(gamma), ptr(keep), &mut why);
+        taken_or_told(out, why, "layer scale + residual add")
+    }
+}
+
+/// The fused result, or None with the reason said once per process and norm; a failure (no
+/// result and no reason) ends the process.
+///
+/// # Safety
+/// `out` is null or a tensor the caller owns; `why` null or a static C string.
+unsafe fn taken_or_told(out: *mut torch_sys::C_tensor, why: *const c_char, norm: &str) -> Option<Tensor> {
     if !out.is_null() {
-        return Some(unsafe { Tensor::from_ptr(out) });
+        return Some(Tensor::from_ptr(out));
     }
     if why.is_null() {
-        eprintln!("error: fused BatchNorm: {}", crate::shim::last_error_message());
+        eprintln!("error: fused {norm}: {}", crate::shim::last_error_message());
         std::process::exit(1);
     }
-    // SAFETY: the shim's reasons are static C strings.
-    let why = unsafe { CStr::from_ptr(why) }.to_string_lossy().into_owned();
+    let why = CStr::from_ptr(why).to_string_lossy().into_owned();
     static TOLD: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let said = format!("--fused-norm: {why}: the unfused {norm} runs there");
     if TOLD
         .lock()
         .unwrap()
         .get_or_insert_with(HashSet::new)
-        .insert(why.clone())
+        .insert(said.clone())
     {
-        crate::say!("--fused-norm: {why}: the unfused BatchNorm runs there");
+        crate::say!("{said}");
     }
     None
 }
@@ -263,6 +362,69 @@ pub fn record_launches(
     let text = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
     let grads = grads.map(|g| (!g.is_null()).then(|| unsafe { Tensor::from_ptr(g) }));
     Ok((text, grads))
+}
+
+/// The launches the fused LayerNorm's forward and backward make for these tensors (nothing
+/// runs), and the gradients' tensors (dx, dw, db): what the test suite compares with
+/// kernels/layer_norm.py's orchestration.
+pub fn record_layer_norm_launches(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    dy: &Tensor,
+    sm_count: i64,
+) -> Result<(String, [Tensor; 3])> {
+    register();
+    let mut grads = [std::ptr::null_mut(); 3];
+    // SAFETY: live tensors in, new tensors out (owned here).
+    let text = unsafe {
+        rt_fused_layer_norm_record(
+            ptr(x),
+            ptr(weight),
+            ptr(bias),
+            1e-6,
+            sm_count,
+            ptr(dy),
+            grads.as_mut_ptr(),
+        )
+    };
+    if text.is_null() {
+        bail!("fused LayerNorm: {}", crate::shim::last_error_message());
+    }
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    Ok((text, grads.map(|g| unsafe { Tensor::from_ptr(g) })))
+}
+
+/// The launches of the fused scale-add's forward and backward for these tensors (nothing runs),
+/// and the gradients (dz, dstream, dgamma): what the test suite compares with
+/// kernels/scale_add.py's orchestration.
+pub fn record_scale_add_launches(
+    z: &Tensor,
+    stream: &Tensor,
+    gamma: &Tensor,
+    keep: &Tensor,
+    dout: &Tensor,
+    sm_count: i64,
+) -> Result<(String, [Tensor; 3])> {
+    register();
+    let mut grads = [std::ptr::null_mut(); 3];
+    // SAFETY: live tensors in, new tensors out (owned here).
+    let text = unsafe {
+        rt_fused_scale_add_record(
+            ptr(z),
+            ptr(stream),
+            ptr(gamma),
+            ptr(keep),
+            sm_count,
+            ptr(dout),
+            grads.as_mut_ptr(),
+        )
+    };
+    if text.is_null() {
+        bail!("fused scale-add: {}", crate::shim::last_error_message());
+    }
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    Ok((text, grads.map(|g| unsafe { Tensor::from_ptr(g) })))
 }
 
 #[cfg(test)]

@@ -309,15 +309,21 @@ pub fn stochastic_depth(x: &Tensor, p: f64, train: bool) -> Tensor {
     if !train || p == 0.0 {
         return x.shallow_clone();
     }
-    let survival = 1.0 - p;
     let mut shape = vec![1i64; x.dim()];
     shape[0] = x.size()[0];
-    let mut noise = Tensor::empty(shape.as_slice(), (x.kind(), x.device()));
+    x * keep_factors(&shape, p, (x.kind(), x.device()))
+}
+
+/// Stochastic depth's factors of `shape` (one per sample): 0 with probability `p`, else
+/// 1/(1 - p), drawn as torchvision draws them.
+pub fn keep_factors(shape: &[i64], p: f64, options: (tch::Kind, tch::Device)) -> Tensor {
+    let survival = 1.0 - p;
+    let mut noise = Tensor::empty(shape, options);
     let _ = noise.bernoulli_float_(survival);
     if survival > 0.0 {
         let _ = noise.divide_scalar_(survival);
     }
-    x * noise
+    noise
 }
 
 /// A block's layers added back to its input when `add` (the shape is kept), through stochastic

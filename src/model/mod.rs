@@ -95,8 +95,8 @@ pub struct ModelOptions {
     pub img_size: u32,
     pub drop_path: Option<f64>,
     pub dropout: Option<f64>,
-    /// BatchNorm + (add) + ReLU through the fused kernels where they apply (`--fused-norm`;
-    /// the ResNet family).
+    /// Normalisation through the fused kernels where they apply (`--fused-norm`): BatchNorm +
+    /// (add) + ReLU in the ResNet family, the blocks' LayerNorm in ConvNeXt.
     pub fused_norm: bool,
 }
 
@@ -177,7 +177,7 @@ impl Model {
         let dropout = opts.dropout.or(kind.default_dropout()).unwrap_or(0.0);
         let (net, layers) = match kind.arch() {
             Arch::ResNet(s) => resnet::resnet(&root, &s, num_classes, resnet::BlockOptions { fused_norm: opts.fused_norm }),
-            Arch::ConvNext(s) => convnext::convnext(&root, &s, num_classes, drop_path),
+            Arch::ConvNext(s) => convnext::convnext(&root, &s, num_classes, drop_path, opts.fused_norm),
             Arch::EfficientNet(s) => efficientnet::efficientnet(&root, &s, num_classes, drop_path, dropout),
             Arch::MobileNetV3(s) => mobilenet::mobilenet_v3(&root, s, num_classes, dropout),
             Arch::Vit(s) => vit::vit(&root, s, opts.img_size as i64, num_classes, dropout, drop_path),

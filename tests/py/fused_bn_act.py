@@ -114,7 +114,7 @@ def case(shape, dtype, has_res, sm_count, seed):
         ef, et = rel(f, r), rel(t, r)
         # In fp32 PyTorch's own ops must meet the bound too.
         ok = ef <= fused_bound(dtype, et) and (dtype != torch.float32 or et <= FUSED_FP32)
-        out[name] = (ef, et)
+        out[name] = ef
         if not ok:
             raise AssertionError(f"{shape} {dtype} res={has_res} sm={sm_count}: {name} fused {ef:.3g} "
                                  f"vs PyTorch {et:.3g} of the fp64 reference")
@@ -127,12 +127,45 @@ def case(shape, dtype, has_res, sm_count, seed):
         "running_var": (rv_f, rv64),
     }
     for name, (f, r) in stats.items():
-        e = rel(f, r)
-        out[name] = (e, None)
+        out[name] = e = rel(f, r)
         if e > FUSED_STATS:
             raise AssertionError(f"{shape} {dtype} sm={sm_count}: {name} {e:.3g} from fp64")
     # The parts really were several where the plan says so (the test would not cover merges else).
     return out, bn_act.reduction_plan(n * h * w_, c, sm_count)[0]
+
+
+class Tally:
+    """The cases run, the most reduction parts any of them took, and the worst error per tensor
+    and dtype; `report` prints them as the one JSON line the Rust test reads."""
+
+    def __init__(self):
+        self.cases, self.max_parts, self.worst = 0, 0, {}
+
+    def add(self, errors, parts, dtype):
+        self.cases += 1
+        self.max_parts = max(self.max_parts, parts)
+        for name, e in errors.items():
+            key = f"{name}_{str(dtype).split('.')[-1]}"
+            self.worst[key] = max(self.worst.get(key, 0.0), e)
+
+    def report(self):
+        # The merges of many reduction parts were covered (the plan makes several on these shapes).
+        assert self.max_parts > 3, self.max_parts
+        print(json.dumps({"cases": self.cases, "max_parts": self.max_parts, "worst": self.worst}))
+
+
+def launch_line(variant, grid, args):
+    """One launch as csrc/fused_norm.cpp records it: the variant, the grid, pointers by name and
+    scalars with their type and value."""
+    words = [f"{variant} grid=({grid[0]},{grid[1]})"]
+    for k, v in args:
+        words.append(k if torch.is_tensor(v) else f"{k}:f32={v:.9g}" if isinstance(v, float) else f"{k}:i32={v}")
+    return " ".join(words)
+
+
+def aligned(c, args):
+    """The ".a16" variants: C a multiple of 16 and every pointer 16-byte aligned."""
+    return c % 16 == 0 and all(v.data_ptr() % 16 == 0 for _, v in args if torch.is_tensor(v))
 
 
 def plan(n, c, h, w, dtype, has_res, sm_count):
@@ -143,13 +176,9 @@ def plan(n, c, h, w, dtype, has_res, sm_count):
     def record(kernel, grid, args, **constexprs):
         name = kernel.fn.__name__
         if name not in ("bn_stats_finalize", "bn_act_backward_finalize"):
-            aligned = c % 16 == 0 and all(v.data_ptr() % 16 == 0 for _, v in args if torch.is_tensor(v))
-            name += "." + dtype_key + (".res" if constexprs.get("HAS_RES") else "") + (".a16" if aligned else "")
+            name += "." + dtype_key + (".res" if constexprs.get("HAS_RES") else "") + (".a16" if aligned(c, args) else "")
         bn_act.check_args(kernel, args)
-        words = [f"{name} grid=({grid[0]},{grid[1]})"]
-        for k, v in args:
-            words.append(k if torch.is_tensor(v) else f"{k}:f32={v:.9g}" if isinstance(v, float) else f"{k}:i32={v}")
-        lines.append(" ".join(words))
+        lines.append(launch_line(name, grid, args))
 
     m = n * h * w
     x2d, dy2d = torch.empty(m, c, dtype=dtype), torch.empty(m, c, dtype=dtype)
@@ -164,9 +193,6 @@ def battery_check(out_dir):
     """The GPU battery's reading of `ringtrain fused-check` (bench/gpu_battery.py's fused_cases),
     given a file in that format made by the interpreted kernels: it must pass it, and fail it
     once one gradient is off by a few units in the last place of its largest element."""
-    from safetensors.torch import save_file
-    import gpu_battery
-
     tensors = {}
     for i, (shape, dtype, has_res) in enumerate([((2, 67, 5, 7), torch.float16, True),
                                                  ((3, 64, 9, 9), torch.bfloat16, False),
@@ -188,15 +214,25 @@ def battery_check(out_dir):
         if has_res:
             case.update(res=res, dres=from_2d(dres2d, shape))
         tensors.update({f"{i}.{k}": v.contiguous() for k, v in case.items()})
+    battery_reading(tensors, "0.dx", out_dir)
+
+
+def battery_reading(tensors, spoiled, out_dir):
+    """Writes `tensors` as `ringtrain fused-check` would and has the battery read them (it must
+    pass), then again with `spoiled`'s largest element 8 units of fp16's last place off (it must
+    fail). Prints {"cases": N, "caught": the failure's message or null}."""
+    from safetensors.torch import save_file
+    import gpu_battery
+
     good = os.path.join(out_dir, "good.safetensors")
     save_file(tensors, good)
     found = gpu_battery.fused_cases(good, "cpu")
-    dx = tensors["0.dx"].clone()
-    flat = dx.view(-1)
+    t = tensors[spoiled].clone()
+    flat = t.view(-1)
     k = flat.float().abs().argmax()
     flat[k] = flat[k] * (1 + 8 * 2.0**-11)
     bad = os.path.join(out_dir, "bad.safetensors")
-    save_file({**tensors, "0.dx": dx}, bad)
+    save_file({**tensors, spoiled: t}, bad)
     try:
         gpu_battery.fused_cases(bad, "cpu")
         caught = None
@@ -217,19 +253,13 @@ def main():
         (1, 130, 3, 11),  # three channel blocks, the last of 2
         (4, 16, 17, 13),  # M = 884: many row tiles per part
     ]
-    cases, worst, max_parts = 0, {}, 0
+    tally = Tally()
     for i, shape in enumerate(shapes):
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for has_res in (False, True):
                 for sm_count in (1, 7):
-                    res, parts = case(shape, dtype, has_res, sm_count, seed=100 * i + cases)
-                    max_parts = max(max_parts, parts)
-                    cases += 1
-                    for k, (e, _) in res.items():
-                        key = f"{k}_{str(dtype).split('.')[-1]}"
-                        worst[key] = max(worst.get(key, 0.0), e)
-    assert max_parts > 3, max_parts
-    print(json.dumps({"cases": cases, "max_parts": max_parts, "worst": worst}))
+                    tally.add(*case(shape, dtype, has_res, sm_count, seed=100 * i + tally.cases), dtype)
+    tally.report()
 
 
 if __name__ == "__main__":

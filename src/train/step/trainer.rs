@@ -447,23 +447,36 @@ impl Trainer {
     }
 }
 
-/// The model's options, with the fused BatchNorm kernels resolved: `--fused-norm` as given, kept
-/// only where its kernels can run (said once if not); without the flag, on where GPU runs showed
-/// them faster and equal (`fused::on_by_default`), silently off elsewhere.
+/// The model's options, with the fused normalisation kernels resolved: `--fused-norm` as given,
+/// kept only where its kernels can run (said once if not); without the flag, on where GPU runs
+/// showed them faster and equal (`fused::on_by_default`: ResNets so far), silently off elsewhere.
 fn model_options(cfg: &TrainConfig, device: Device) -> Result<crate::model::ModelOptions> {
+    use crate::model::kind::Arch;
     let mut opts = cfg.model_options();
-    let resnet = matches!(cfg.model.arch(), crate::model::kind::Arch::ResNet(_));
+    let arch = cfg.model.arch();
+    let resnet = matches!(arch, Arch::ResNet(_));
+    let norm = match arch {
+        Arch::ResNet(_) => Some("BatchNorm"),
+        Arch::ConvNext(_) => Some("LayerNorm"),
+        _ => None,
+    };
     // The kernels are loaded onto the GPU only for a model that uses them.
-    let prepared = || match resnet {
-        true => crate::model::fused::prepare(device),
-        false => Err(format!("{} has no layers the fused kernels cover (the ResNet family has)", cfg.model)),
+    let prepared = || match norm {
+        Some(_) => crate::model::fused::prepare(device),
+        None => Err(format!(
+            "{} has no layers the fused kernels cover (the ResNet and ConvNeXt families have)",
+            cfg.model
+        )),
     };
     opts.fused_norm = match cfg.fused_norm {
         Some(false) => false,
         Some(true) => match prepared() {
             Ok(_) => true,
             Err(why) => {
-                say!("--fused-norm: {why}; the unfused BatchNorm runs");
+                match norm {
+                    Some(norm) => say!("--fused-norm: {why}; the unfused {norm} runs"),
+                    None => say!("--fused-norm: {why}"),
+                }
                 false
             }
         },

@@ -1,0 +1,36 @@
+"""What every kernel module here shares: the kernels' parameters typed by name, and the checks that
+hold each launch, interpreted or compiled, to the kernel's own parameter list.
+
+build_support/compile_kernels.py types the compiled signatures from these sets: activations take
+the variant's dtype, STREAMS the variant's second dtype (a residual stream that may be fp32 where
+the activations are not), every other pointer is fp32; INTS are int32 and FLOATS float32.
+"""
+import inspect
+
+import triton.language as tl
+
+ACTIVATIONS = {"x_ptr", "res_ptr", "y_ptr", "dy_ptr", "dx_ptr", "dres_ptr", "z_ptr", "dz_ptr"}
+STREAMS = {"stream_ptr"}
+INTS = {"M", "C", "rows_per_prog", "num_parts", "rows_per_sample"}
+FLOATS = {"momentum", "eps"}
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def runtime_params(kernel):
+    """The kernel's parameter names that are not tl.constexpr, in order (compiled or interpreted)."""
+    return [n for n, p in inspect.signature(kernel.fn).parameters.items() if p.annotation is not tl.constexpr]
+
+
+def check_args(kernel, args):
+    """`args`, (name, value) pairs, are the kernel's parameters in order, each named as the
+    parameter (pointers without "_ptr") and of its kind."""
+    import torch
+    params = runtime_params(kernel)
+    names = [n if not torch.is_tensor(v) else n + "_ptr" for n, v in args]
+    assert names == params, (kernel.fn.__name__, names, params)
+    for n, v in args:
+        ok = torch.is_tensor(v) if n + "_ptr" in params else isinstance(v, int) if n in INTS else isinstance(v, float)
+        assert ok, (kernel.fn.__name__, n, type(v))
