@@ -28,8 +28,8 @@ fn compile_kernels() {
     println!("cargo:warning={why}: building without fused kernels");
     std::fs::create_dir_all(&out).unwrap();
     let empty = "pub const TRITON_VERSION: &str = \"\";\npub const BLOCK_M: i64 = 0;\npub const BLOCK_C: i64 = 0;\n\
-                 pub const LN_PLAN: LayerNormPlan = LayerNormPlan { tile: 0, programs_per_sm: 0, finalize_c: 0, \
-                 min_width: 0, max_width: 0 };\npub static KERNELS: &[KernelImage] = &[];\n";
+                 pub const LN_PLAN: LayerNormPlan = LayerNormPlan { tile: 0, programs_per_sm: 0, min_width: 0, \
+                 max_width: 0 };\npub static KERNELS: &[KernelImage] = &[];\n";
     std::fs::write(out.join("fused_kernels.rs"), empty).unwrap();
 }
 
@@ -54,9 +54,7 @@ fn main() {
         "csrc/error.h",
         "build_support/cuda.rs",
         "build_support/compile_kernels.py",
-        "kernels/bn_act.py",
-        "kernels/layer_norm.py",
-        "kernels/launch.py",
+        "kernels",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -315,7 +315,8 @@ def fused_cases(path, device):
         stream = g("stream").contiguous(memory_format=torch.channels_last)
         ref = eager_scale_add(z.double(), stream.double(), gamma.double(), keep.double(), dout.double())
         twin = eager_scale_add(z, stream, gamma, keep, dout)
-        case = {"shape": list(z.shape), "dtype": str(z.dtype).split(".")[-1], "stream": str(stream.dtype).split(".")[-1]}
+        case = {"shape": list(z.shape), "dtype": str(z.dtype).split(".")[-1],
+                "stream": str(stream.dtype).split(".")[-1]}
         for name, r, tw in zip(("out", "dz", "dgamma"), ref, twin):
             ef, et = rel(g(name), r), rel(tw, r)
             bound = fused_bound(tw.dtype if name == "out" else z.dtype, et)
@@ -730,8 +731,9 @@ def main():
         # A dry run checks the fallback's line and that it changes nothing. ConvNeXt without
         # stochastic depth, so that the step's only randomness is the data's.
         no_drop = ["--drop-path", 0] if model.startswith("convnext") else []
-        one = lambda name, *extra, lr="0.5": small(out / f"fused-{model}-{name}", model, "--momentum", 0, "--amp", "off",  # noqa: E731
-                                                    "--deterministic", "true", *no_drop, *extra, epochs=1, batch=48, lr=lr)
+        def one(name, *extra, lr="0.5"):
+            return small(out / f"fused-{model}-{name}", model, "--momentum", 0, "--amp", "off", "--deterministic", "true",
+                         *no_drop, *extra, epochs=1, batch=48, lr=lr)
         b.ringtrain(*one("init", "--channels-last", lr="1e-30"), env=fp32)
         b.ringtrain(*one("unfused", "--channels-last", "--fused-norm", "false"), env=fp32)
         b.ringtrain(*one("unfused-nchw", "--channels-last", "false", "--fused-norm", "false"), env=fp32)

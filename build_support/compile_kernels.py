@@ -32,8 +32,8 @@ def variants():
 
     bn_act: one per activation dtype, with or without the residual, aligned or not; its two
     finalize kernels once. scale_add: one per dtype and alignment, forward also per dtype of the
-    residual stream (the activations' or fp32); its finalize kernel once. layer_norm: one per
-    dtype, tile width W and alignment; its finalize kernel once."""
+    residual stream (the activations' or fp32). layer_norm: one per dtype, tile width W and
+    alignment. launch.py's sum_parts once."""
     import bn_act
     import layer_norm as ln
     out = []
@@ -53,7 +53,7 @@ def variants():
                     name = kernel + "." + dt + (".res" if res else "") + (".a16" if aligned else "")
                     constexprs = dict(bn, HAS_RES=bool(res)) if with_res else bn
                     add(name, "bn_act", kernel, dt, aligned, constexprs, bn_act.NUM_WARPS)
-    add("scale_add_backward_finalize", "scale_add", "scale_add_backward_finalize", None, False, bn, bn_act.NUM_WARPS)
+    add("sum_parts", "launch", "sum_parts", None, False, dict(BLOCK_C=bn_act.BLOCK_C), bn_act.NUM_WARPS)
     for dt in DTYPES:
         for aligned in (False, True):
             a16 = ".a16" if aligned else ""
@@ -63,7 +63,6 @@ def variants():
             for stream in sorted({dt, "f32"}):
                 add(f"scale_add_forward.{dt}.{stream}{a16}", "scale_add", "scale_add_forward", dt, aligned, bn,
                     bn_act.NUM_WARPS, stream)
-    add("ln_backward_finalize", "layer_norm", "ln_backward_finalize", None, False, dict(BLOCK_C=ln.FINALIZE_C), 4)
     for kernel in ("ln_forward", "ln_backward_partial"):
         for dt in DTYPES:
             for w in ln.WIDTHS:
@@ -95,7 +94,8 @@ def signature(fn, v):
         elif name in launch.FLOATS:
             sig[name] = "fp32"
         else:
-            raise SystemExit(f"{fn.fn.__name__}: parameter {name} has no type (kernels/launch.py's ACTIVATIONS, INTS, FLOATS)")
+            raise SystemExit(f"{fn.fn.__name__}: parameter {name} has no type "
+                             "(kernels/launch.py's ACTIVATIONS, STREAMS, INTS, FLOATS)")
         # Hints: 16-byte aligned pointers and a multiple-of-16 channel count.
         if v["aligned"] and (name.endswith("_ptr") or name == "C"):
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -160,7 +160,7 @@ def main(out_dir):
         f"pub const BLOCK_M: i64 = {bn_act.BLOCK_M};",
         f"pub const BLOCK_C: i64 = {bn_act.BLOCK_C};",
         f"pub const LN_PLAN: LayerNormPlan = LayerNormPlan {{ tile: {ln.TILE}, programs_per_sm: {ln.PROGRAMS_PER_SM}, "
-        f"finalize_c: {ln.FINALIZE_C}, min_width: {ln.WIDTHS[0]}, max_width: {ln.WIDTHS[-1]} }};",
+        f"min_width: {ln.WIDTHS[0]}, max_width: {ln.WIDTHS[-1]} }};",
         "pub static KERNELS: &[KernelImage] = &[",
     ]
     for name, arch, form, path, symbol, warps, shared, params in built:

@@ -1,8 +1,9 @@
 // Fused normalisation for training (`--fused-norm`): BatchNorm (+ residual add) + ReLU in
 // channels_last (kernels/bn_act.py), LayerNorm over the last dimension in the activations' dtype
 // (kernels/layer_norm.py), and the end of a ConvNeXt block, layer scale × stochastic depth +
-// residual add (kernels/scale_add.py). Triton kernels compiled to cubins (and one PTX) when ringtrain
-// was built, registered here from Rust (src/model/fused.rs) and launched through the CUDA driver.
+// residual add (kernels/scale_add.py). Triton kernels compiled to cubins (and one PTX) when
+// ringtrain was built, registered here from Rust (src/model/fused.rs) and launched through the
+// CUDA driver.
 //
 // - The driver is opened with dlopen, so binaries start on machines without one, and the shim
 //   still links without libcudart (see cuda_graph.cpp).
@@ -53,9 +54,9 @@ std::pair<int64_t, int64_t> reduction_plan(int64_t M, int64_t C, int64_t sm_coun
   return {cdiv(M, rows), rows};
 }
 
-// kernels/layer_norm.py's constants (its TILE, PROGRAMS_PER_SM, FINALIZE_C, WIDTHS' range).
+// kernels/layer_norm.py's constants (its TILE, PROGRAMS_PER_SM, WIDTHS' range).
 struct LayerNormPlan {
-  int64_t tile = 0, programs_per_sm = 0, finalize_c = 0, min_width = 0, max_width = 0;
+  int64_t tile = 0, programs_per_sm = 0, min_width = 0, max_width = 0;
 } g_ln;
 
 // kernels/layer_norm.py's width: the tile's power of two at or above C; 0 above the widest.
@@ -398,6 +399,13 @@ struct BnRelu : public torch::autograd::Function<BnRelu> {
   }
 };
 
+// kernels/launch.py's sum_parts: out[c] = Σ_p part[p, c].
+void sum_parts(Launcher& L, const at::Tensor& part, const at::Tensor& out) {
+  const int64_t C = part.size(1);
+  std::vector<Arg> a = {P("part", part), I("num_parts", part.size(0)), I("C", C), P("out", out)};
+  L.launch("sum_parts", cdiv(C, g_block_c), 1, a);
+}
+
 // kernels/layer_norm.py's forward and backward: x is [.., C], contiguous; [M, C] to the kernels.
 struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
   static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::Tensor weight, at::Tensor bias, double eps,
@@ -433,8 +441,8 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
                           P("rstd", rstd), P("dx", dx.view({M, C})), P("part_dw", part_dw), P("part_db", part_db),
                           I("M", M), I("C", C), I("rows_per_prog", rows)};
     L.launch(ln_variant("ln_backward_partial", x.scalar_type(), C, a), parts, 1, a);
-    a = {P("part_dw", part_dw), P("part_db", part_db), I("num_parts", parts), I("C", C), P("dw", dw), P("db", db)};
-    L.launch("ln_backward_finalize", cdiv(C, g_ln.finalize_c), 1, a);
+    sum_parts(L, part_dw, dw);
+    sum_parts(L, part_db, db);
     return {dx, dw, db, at::Tensor(), at::Tensor()};
   }
 };
@@ -474,8 +482,7 @@ struct ScaleAddFn : public torch::autograd::Function<ScaleAddFn> {
                           I("rows_per_sample", per_sample), I("rows_per_prog", rows)};
     L.launch(std::string("scale_add_backward_partial.") + dtype_key(z.scalar_type()) + (aligned(C, a) ? ".a16" : ""),
              parts, cdiv(C, g_block_c), a);
-    a = {P("part_dgamma", part), I("num_parts", parts), I("C", C), P("dgamma", dgamma)};
-    L.launch("scale_add_backward_finalize", cdiv(C, g_block_c), 1, a);
+    sum_parts(L, part, dgamma);
     // The stream's gradient is the upstream one (autograd casts it to the stream's dtype).
     return {dz, grad_outputs[0], dgamma.view(gamma.sizes()), at::Tensor(), at::Tensor()};
   }
@@ -527,6 +534,38 @@ const char* ln_not_covered(const at::Tensor& x, const at::Tensor& w, const at::T
 // no undefined tensors).
 at::Tensor no_residual(const at::Tensor& x) { return at::empty({0}, x.options()); }
 
+// An rt_fused_* call: null with *why_not set when `why(false)` names what the kernels do not
+// cover, else `apply` run with the launcher of `x`'s GPU (which lives as long as the process).
+template <typename Why, typename Apply>
+rt_tensor* fused_call(const char** why_not, const at::Tensor& x, Why why, Apply apply) {
+  *why_not = nullptr;
+  return rt_guard<at::Tensor*>([&]() -> at::Tensor* {
+    *why_not = why(false);
+    if (*why_not) return nullptr;
+#ifdef RT_WITH_CUDA
+    return new at::Tensor(apply(reinterpret_cast<int64_t>(static_cast<Launcher*>(&cuda_device(x.get_device())))));
+#else
+    *why_not = "built without CUDA";
+    return nullptr;
+#endif
+  }, nullptr);
+}
+
+thread_local std::string g_record;  // the last recording's text, kept for the caller to copy
+
+// An rt_fused_*_record call: `run` (forward and backward) with a launcher that records each
+// launch as a line, on any device; the text, or null on failure (what is not covered included).
+template <typename Why, typename Run>
+const char* recorded(int64_t sm_count, Why why, Run run) {
+  return rt_guard<const char*>([&]() -> const char* {
+    if (const char* w = why(true)) throw std::runtime_error(w);
+    RecordingLauncher rec(sm_count);
+    run(reinterpret_cast<int64_t>(static_cast<Launcher*>(&rec)));
+    g_record = rec.out.str();
+    return g_record.c_str();
+  }, nullptr);
+}
+
 // Why the kernels do not cover this call (nullptr when they do). `on_cpu_ok` for the recording.
 const char* not_covered(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor* res,
                         const at::Tensor& rm, const at::Tensor& rv, bool on_cpu_ok) {
@@ -549,7 +588,6 @@ const char* not_covered(const at::Tensor& x, const at::Tensor& w, const at::Tens
   return nullptr;
 }
 
-thread_local std::string g_record;
 }  // namespace
 
 extern "C" {
@@ -562,9 +600,8 @@ int rt_fused_set_images(const rt_kernel_image* images, int n, int64_t block_m, i
   return 0;
 }
 
-int rt_fused_set_layer_norm_plan(int64_t tile, int64_t programs_per_sm, int64_t finalize_c, int64_t min_width,
-                                 int64_t max_width) {
-  g_ln = LayerNormPlan{tile, programs_per_sm, finalize_c, min_width, max_width};
+int rt_fused_set_layer_norm_plan(int64_t tile, int64_t programs_per_sm, int64_t min_width, int64_t max_width) {
+  g_ln = LayerNormPlan{tile, programs_per_sm, min_width, max_width};
   return 0;
 }
 
@@ -583,105 +620,72 @@ int rt_fused_prepare(int device) {
 rt_tensor* rt_fused_bn_relu(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, rt_tensor* residual,
                             rt_tensor* running_mean, rt_tensor* running_var, double momentum, double eps,
                             const char** why_not) {
-  *why_not = nullptr;
-  return rt_guard<at::Tensor*>([&]() -> at::Tensor* {
-    *why_not = not_covered(*x, *weight, *bias, residual, *running_mean, *running_var, false);
-    if (*why_not) return nullptr;
-#ifdef RT_WITH_CUDA
-    Launcher* launcher = &cuda_device(x->get_device());  // lives as long as the process
-    return new at::Tensor(BnRelu::apply(*x, *weight, *bias, residual ? *residual : no_residual(*x), *running_mean,
-                                        *running_var, momentum, eps, reinterpret_cast<int64_t>(launcher)));
-#else
-    *why_not = "built without CUDA";
-    return nullptr;
-#endif
-  }, nullptr);
+  return fused_call(
+      why_not, *x,
+      [&](bool cpu_ok) { return not_covered(*x, *weight, *bias, residual, *running_mean, *running_var, cpu_ok); },
+      [&](int64_t launcher) {
+        return BnRelu::apply(*x, *weight, *bias, residual ? *residual : no_residual(*x), *running_mean, *running_var,
+                             momentum, eps, launcher);
+      });
 }
 
 const char* rt_fused_bn_relu_record(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, rt_tensor* residual,
                                     rt_tensor* running_mean, rt_tensor* running_var, double momentum, double eps,
                                     int64_t sm_count, rt_tensor* dy, rt_tensor** grads) {
-  return rt_guard<const char*>([&]() -> const char* {
-    if (const char* why = not_covered(*x, *weight, *bias, residual, *running_mean, *running_var, true))
-      throw std::runtime_error(why);
-    RecordingLauncher rec(sm_count);
-    auto xv = x->detach().requires_grad_(true);
-    auto wv = weight->detach().requires_grad_(true), bv = bias->detach().requires_grad_(true);
-    auto rv = residual ? residual->detach().requires_grad_(true) : no_residual(*x);
-    auto y = BnRelu::apply(xv, wv, bv, rv, *running_mean, *running_var, momentum, eps,
-                           reinterpret_cast<int64_t>(&rec));
-    y.backward(*dy);
-    grads[0] = new at::Tensor(xv.grad());
-    grads[1] = new at::Tensor(wv.grad());
-    grads[2] = new at::Tensor(bv.grad());
-    grads[3] = residual && rv.grad().defined() ? new at::Tensor(rv.grad()) : nullptr;
-    g_record = rec.out.str();
-    return g_record.c_str();
-  }, nullptr);
+  return recorded(
+      sm_count,
+      [&](bool cpu_ok) { return not_covered(*x, *weight, *bias, residual, *running_mean, *running_var, cpu_ok); },
+      [&](int64_t launcher) {
+        auto xv = x->detach().requires_grad_(true);
+        auto wv = weight->detach().requires_grad_(true), bv = bias->detach().requires_grad_(true);
+        auto rv = residual ? residual->detach().requires_grad_(true) : no_residual(*x);
+        BnRelu::apply(xv, wv, bv, rv, *running_mean, *running_var, momentum, eps, launcher).backward(*dy);
+        grads[0] = new at::Tensor(xv.grad());
+        grads[1] = new at::Tensor(wv.grad());
+        grads[2] = new at::Tensor(bv.grad());
+        grads[3] = residual && rv.grad().defined() ? new at::Tensor(rv.grad()) : nullptr;
+      });
 }
 
 rt_tensor* rt_fused_layer_norm(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, double eps, const char** why_not) {
-  *why_not = nullptr;
-  return rt_guard<at::Tensor*>([&]() -> at::Tensor* {
-    *why_not = ln_not_covered(*x, *weight, *bias, false);
-    if (*why_not) return nullptr;
-#ifdef RT_WITH_CUDA
-    Launcher* launcher = &cuda_device(x->get_device());
-    return new at::Tensor(LayerNormFn::apply(*x, *weight, *bias, eps, reinterpret_cast<int64_t>(launcher)));
-#else
-    *why_not = "built without CUDA";
-    return nullptr;
-#endif
-  }, nullptr);
+  return fused_call(
+      why_not, *x, [&](bool cpu_ok) { return ln_not_covered(*x, *weight, *bias, cpu_ok); },
+      [&](int64_t launcher) { return LayerNormFn::apply(*x, *weight, *bias, eps, launcher); });
 }
 
 const char* rt_fused_layer_norm_record(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, double eps,
                                        int64_t sm_count, rt_tensor* dy, rt_tensor** grads) {
-  return rt_guard<const char*>([&]() -> const char* {
-    if (const char* why = ln_not_covered(*x, *weight, *bias, true)) throw std::runtime_error(why);
-    RecordingLauncher rec(sm_count);
-    auto xv = x->detach().requires_grad_(true);
-    auto wv = weight->detach().requires_grad_(true), bv = bias->detach().requires_grad_(true);
-    auto y = LayerNormFn::apply(xv, wv, bv, eps, reinterpret_cast<int64_t>(&rec));
-    y.backward(*dy);
-    grads[0] = new at::Tensor(xv.grad());
-    grads[1] = new at::Tensor(wv.grad());
-    grads[2] = new at::Tensor(bv.grad());
-    g_record = rec.out.str();
-    return g_record.c_str();
-  }, nullptr);
+  return recorded(
+      sm_count, [&](bool cpu_ok) { return ln_not_covered(*x, *weight, *bias, cpu_ok); },
+      [&](int64_t launcher) {
+        auto xv = x->detach().requires_grad_(true);
+        auto wv = weight->detach().requires_grad_(true), bv = bias->detach().requires_grad_(true);
+        LayerNormFn::apply(xv, wv, bv, eps, launcher).backward(*dy);
+        grads[0] = new at::Tensor(xv.grad());
+        grads[1] = new at::Tensor(wv.grad());
+        grads[2] = new at::Tensor(bv.grad());
+      });
 }
 
-rt_tensor* rt_fused_scale_add(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep, const char** why_not) {
-  *why_not = nullptr;
-  return rt_guard<at::Tensor*>([&]() -> at::Tensor* {
-    *why_not = scale_add_not_covered(*z, *stream, *gamma, *keep, false);
-    if (*why_not) return nullptr;
-#ifdef RT_WITH_CUDA
-    Launcher* launcher = &cuda_device(z->get_device());
-    return new at::Tensor(ScaleAddFn::apply(*z, *stream, *gamma, *keep, reinterpret_cast<int64_t>(launcher)));
-#else
-    *why_not = "built without CUDA";
-    return nullptr;
-#endif
-  }, nullptr);
+rt_tensor* rt_fused_scale_add(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep,
+                              const char** why_not) {
+  return fused_call(
+      why_not, *z, [&](bool cpu_ok) { return scale_add_not_covered(*z, *stream, *gamma, *keep, cpu_ok); },
+      [&](int64_t launcher) { return ScaleAddFn::apply(*z, *stream, *gamma, *keep, launcher); });
 }
 
 const char* rt_fused_scale_add_record(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep,
                                       int64_t sm_count, rt_tensor* dout, rt_tensor** grads) {
-  return rt_guard<const char*>([&]() -> const char* {
-    if (const char* why = scale_add_not_covered(*z, *stream, *gamma, *keep, true)) throw std::runtime_error(why);
-    RecordingLauncher rec(sm_count);
-    auto zv = z->detach().requires_grad_(true), sv = stream->detach().requires_grad_(true);
-    auto gv = gamma->detach().requires_grad_(true);
-    auto out = ScaleAddFn::apply(zv, sv, gv, *keep, reinterpret_cast<int64_t>(&rec));
-    out.backward(*dout);
-    grads[0] = new at::Tensor(zv.grad());
-    grads[1] = new at::Tensor(sv.grad());
-    grads[2] = new at::Tensor(gv.grad());
-    g_record = rec.out.str();
-    return g_record.c_str();
-  }, nullptr);
+  return recorded(
+      sm_count, [&](bool cpu_ok) { return scale_add_not_covered(*z, *stream, *gamma, *keep, cpu_ok); },
+      [&](int64_t launcher) {
+        auto zv = z->detach().requires_grad_(true), sv = stream->detach().requires_grad_(true);
+        auto gv = gamma->detach().requires_grad_(true);
+        ScaleAddFn::apply(zv, sv, gv, *keep, launcher).backward(*dout);
+        grads[0] = new at::Tensor(zv.grad());
+        grads[1] = new at::Tensor(sv.grad());
+        grads[2] = new at::Tensor(gv.grad());
+      });
 }
 
 }  // extern "C"

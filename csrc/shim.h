@@ -177,9 +177,9 @@ typedef struct rt_record rt_record;
 rt_record* rt_record_begin(const char* name);
 void rt_record_end(rt_record* r);
 
-// ---- Fused BatchNorm (+ residual) + ReLU for channels_last training, and LayerNorm
-// (fused_norm.cpp): the Triton kernels compiled when ringtrain was built, launched through the
-// CUDA driver.
+// ---- Fused BatchNorm (+ residual) + ReLU for channels_last training, LayerNorm, and ConvNeXt's
+// block end (fused_norm.cpp): the Triton kernels compiled when ringtrain was built, launched
+// through the CUDA driver.
 // The images are static data of the binary, registered once (block_m, block_c: the kernels'
 // tile, kernels/bn_act.py). arch: 80, 90, 100 (major·10 + minor); ptx != 0 for PTX text
 // (NUL-terminated), else a cubin.
@@ -212,10 +212,9 @@ const char* rt_fused_bn_relu_record(rt_tensor* x, rt_tensor* weight, rt_tensor* 
 
 // LayerNorm over the last dimension in the input's own dtype (fp32 arithmetic), for ConvNeXt's
 // block norm (kernels/layer_norm.py). The plan's constants come from that file, through the
-// build's table: the tile's elements, programs per multiprocessor in backward, columns per
-// program of the weight gradient's sum, and the tile widths' range.
-int rt_fused_set_layer_norm_plan(int64_t tile, int64_t programs_per_sm, int64_t finalize_c, int64_t min_width,
-                                 int64_t max_width);
+// build's table: the tile's elements, programs per multiprocessor in backward, and the tile
+// widths' range.
+int rt_fused_set_layer_norm_plan(int64_t tile, int64_t programs_per_sm, int64_t min_width, int64_t max_width);
 // layer_norm(x, [C], weight, bias, eps) with its autograd graph, x contiguous with C last; null
 // with *why_not set when the kernels do not cover the call, null with why_not null on failure.
 rt_tensor* rt_fused_layer_norm(rt_tensor* x, rt_tensor* weight, rt_tensor* bias, double eps, const char** why_not);
@@ -227,7 +226,8 @@ const char* rt_fused_layer_norm_record(rt_tensor* x, rt_tensor* weight, rt_tenso
 // Linear's [N, H, W, C] output, stream the block's channels_last input (z's dtype or fp32),
 // gamma C values (fp32), keep N fp32 factors of stochastic depth; fp32 out, channels_last. Null
 // with *why_not set when the kernels do not cover the call, null with why_not null on failure.
-rt_tensor* rt_fused_scale_add(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep, const char** why_not);
+rt_tensor* rt_fused_scale_add(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep,
+                              const char** why_not);
 // For the tests, as rt_fused_bn_relu_record: dout the upstream gradient; grads are dz, dstream,
 // dgamma.
 const char* rt_fused_scale_add_record(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep,

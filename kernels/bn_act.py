@@ -26,7 +26,7 @@ TRITON_INTERPRET=1 on the CPU against PyTorch's unfused operations (tests/py/fus
 import triton
 import triton.language as tl
 
-from launch import cdiv, check_args, runtime_params  # noqa: F401 (the tests call them from here)
+from launch import cdiv, check_args
 
 # Tile of the [M, C] matrix one program handles per iteration: 64 channels (128 bytes of fp16 per
 # row, one coalesced segment) by 64 rows. The C++ side reads these through the kernel table.

@@ -1,5 +1,6 @@
-"""What every kernel module here shares: the kernels' parameters typed by name, and the checks that
-hold each launch, interpreted or compiled, to the kernel's own parameter list.
+"""What every kernel module here shares: the kernels' parameters typed by name, the checks that
+hold each launch, interpreted or compiled, to the kernel's own parameter list, and the second
+stage of the two-stage column sums (`sum_parts`).
 
 build_support/compile_kernels.py types the compiled signatures from these sets: activations take
 the variant's dtype, STREAMS the variant's second dtype (a residual stream that may be fp32 where
@@ -7,6 +8,7 @@ the activations are not), every other pointer is fp32; INTS are int32 and FLOATS
 """
 import inspect
 
+import triton
 import triton.language as tl
 
 ACTIVATIONS = {"x_ptr", "res_ptr", "y_ptr", "dy_ptr", "dx_ptr", "dres_ptr", "z_ptr", "dz_ptr"}
@@ -34,3 +36,16 @@ def check_args(kernel, args):
     for n, v in args:
         ok = torch.is_tensor(v) if n + "_ptr" in params else isinstance(v, int) if n in INTS else isinstance(v, float)
         assert ok, (kernel.fn.__name__, n, type(v))
+
+
+@triton.jit
+def sum_parts(part_ptr, num_parts, C, out_ptr, BLOCK_C: tl.constexpr):
+    """out[c] = Σ_p part[p, c]: the second stage of a column sum whose first stage wrote one row
+    of partial sums per program, added in a fixed order (deterministic, no atomics). Launched
+    with kernels/bn_act.py's BLOCK_C, the table's."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for p in range(0, num_parts):
+        acc += tl.load(part_ptr + p * C + cols, mask=cmask, other=0.0)
+    tl.store(out_ptr + cols, acc, mask=cmask)

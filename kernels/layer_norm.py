@@ -15,7 +15,7 @@ The arithmetic is fp32 throughout and rounds once at each store, as eager's last
 Each program holds whole rows, W columns (the channel count rounded up to a power of two) by
 BLOCK_M rows (W·BLOCK_M = TILE elements), so a row's mean and variance never leave registers and
 are taken in two passes over them (no Σx² cancellation). The weight gradient reduces over rows in
-two stages with no atomics, as kernels/bn_act.py's statistics do: deterministic results.
+two stages with no atomics (the second is kernels/launch.py's sum_parts): deterministic results.
 
 Compiled ahead of time like kernels/bn_act.py (build_support/compile_kernels.py) and launched from
 csrc/fused_norm.cpp, which repeats `forward` and `backward` below; the test suite runs this file's
@@ -24,7 +24,8 @@ kernels under TRITON_INTERPRET=1 against PyTorch (tests/py/fused_layer_norm.py).
 import triton
 import triton.language as tl
 
-from launch import cdiv, check_args, runtime_params  # noqa: F401 (the tests call them from here)
+from bn_act import BLOCK_C
+from launch import cdiv, check_args, sum_parts
 
 # Elements of one program's tile; its widths, W, are the powers of two from WIDTHS[0] to
 # WIDTHS[-1] (channel counts above that run the unfused LayerNorm).
@@ -32,8 +33,6 @@ TILE = 4096
 WIDTHS = (64, 128, 256, 512, 1024, 2048)
 # Programs per multiprocessor of the backward's first stage.
 PROGRAMS_PER_SM = 8
-# Columns per program of the weight gradient's second stage.
-FINALIZE_C = 64
 
 
 def num_warps(width):
@@ -96,20 +95,6 @@ def ln_backward_partial(dy_ptr, x_ptr, weight_ptr, mean_ptr, rstd_ptr, dx_ptr, p
     tl.store(part_db_ptr + pid * C + cols, acc_db, mask=cmask)
 
 
-@triton.jit
-def ln_backward_finalize(part_dw_ptr, part_db_ptr, num_parts, C, dw_ptr, db_ptr, BLOCK_C: tl.constexpr):
-    """dw, db: the parts' sums, per column."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = cols < C
-    dw = tl.zeros([BLOCK_C], dtype=tl.float32)
-    db = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for p in range(0, num_parts):
-        dw += tl.load(part_dw_ptr + p * C + cols, mask=cmask, other=0.0)
-        db += tl.load(part_db_ptr + p * C + cols, mask=cmask, other=0.0)
-    tl.store(dw_ptr + cols, dw, mask=cmask)
-    tl.store(db_ptr + cols, db, mask=cmask)
-
-
 # ---- the orchestration (csrc/fused_norm.cpp does the same with the compiled kernels) ----------
 def width(C):
     """The tile's width for C channels: the power of two of WIDTHS at or above C (None above)."""
@@ -162,7 +147,7 @@ def backward(dy2d, x2d, w, mean, rstd, sm_count, launch=run):
            [("dy", dy2d), ("x", x2d), ("weight", w), ("mean", mean), ("rstd", rstd), ("dx", dx),
             ("part_dw", part_dw), ("part_db", part_db), ("M", M), ("C", C), ("rows_per_prog", rows)],
            BLOCK_M=TILE // W, W=W)
-    launch(ln_backward_finalize, (cdiv(C, FINALIZE_C), 1),
-           [("part_dw", part_dw), ("part_db", part_db), ("num_parts", parts), ("C", C), ("dw", dw), ("db", db)],
-           BLOCK_C=FINALIZE_C)
+    for part, out in ((part_dw, dw), (part_db, db)):
+        launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", out)],
+               BLOCK_C=BLOCK_C)
     return dx, dw, db

@@ -12,7 +12,8 @@ promotion makes it. Counted in bytes per element with a bf16 z and an fp32 strea
             (6 read, 4 written, then 4 read): 36. here: dout and z read, dz written: 8. The
             stream's gradient is dout itself in both.
 The tiles and the two-stage reduction of γ's gradient are kernels/bn_act.py's (its BLOCK_M,
-BLOCK_C and reduction_plan): deterministic, no atomics.
+BLOCK_C and reduction_plan; the second stage kernels/launch.py's sum_parts): deterministic, no
+atomics.
 
 Compiled ahead of time like the other kernels (build_support/compile_kernels.py) and launched
 from csrc/fused_norm.cpp, which repeats `forward` and `backward` below; the test suite runs them
@@ -22,7 +23,7 @@ import triton
 import triton.language as tl
 
 from bn_act import BLOCK_C, BLOCK_M, NUM_WARPS, reduction_plan
-from launch import cdiv, check_args
+from launch import cdiv, check_args, sum_parts
 
 
 @triton.jit
@@ -67,17 +68,6 @@ def scale_add_backward_partial(dout_ptr, z_ptr, gamma_ptr, keep_ptr, dz_ptr, par
     tl.store(part_dgamma_ptr + pid_m * C + cols, acc, mask=cmask)
 
 
-@triton.jit
-def scale_add_backward_finalize(part_dgamma_ptr, num_parts, C, dgamma_ptr, BLOCK_C: tl.constexpr):
-    """dγ: the parts' sums, per column."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = cols < C
-    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for p in range(0, num_parts):
-        acc += tl.load(part_dgamma_ptr + p * C + cols, mask=cmask, other=0.0)
-    tl.store(dgamma_ptr + cols, acc, mask=cmask)
-
-
 # ---- the orchestration (csrc/fused_norm.cpp does the same with the compiled kernels) ----------
 def run(kernel, grid, args, **constexprs):
     """Launches `kernel` over `grid` with `args`, (name, value) pairs in its parameters' order."""
@@ -109,6 +99,5 @@ def backward(dout2d, z2d, gamma, keep, rows_per_sample, sm_count, launch=run):
            [("dout", dout2d), ("z", z2d), ("gamma", gamma), ("keep", keep), ("dz", dz), ("part_dgamma", part),
             ("M", M), ("C", C), ("rows_per_sample", rows_per_sample), ("rows_per_prog", rows)],
            BLOCK_M=BLOCK_M)
-    launch(scale_add_backward_finalize, (cdiv(C, BLOCK_C), 1),
-           [("part_dgamma", part), ("num_parts", parts), ("C", C), ("dgamma", dgamma)])
+    launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", dgamma)])
     return dz, dgamma

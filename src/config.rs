@@ -259,9 +259,10 @@ pub struct TrainConfig {
     pub sync_bn: bool,
     /// Capture the whole training step as one CUDA graph and replay it (CUDA only).
     pub cuda_graphs: bool,
-    /// BatchNorm + (residual add) + ReLU through ringtrain's fused kernels where they apply
-    /// (CUDA, channels_last, the ResNet family); the unfused ops elsewhere. None: on where GPU
-    /// runs showed them faster and equal (`model::fused::on_by_default`).
+    /// Normalisation through ringtrain's fused kernels where they apply (CUDA, channels_last;
+    /// the ResNet family's BatchNorm + add + ReLU, ConvNeXt's block LayerNorm and end); the
+    /// unfused ops elsewhere. None: on where GPU runs showed them faster and equal
+    /// (`model::fused::on_by_default`).
     pub fused_norm: Option<bool>,
     /// Fine-tune from these weights: a safetensors or PyTorch file with torchvision's names,
     /// `torchvision:NAME[.VARIANT]` or `hf-hub:ORG/NAME`.

@@ -120,7 +120,7 @@ fn the_shim_launches_what_the_checked_layer_norm_orchestration_launches() {
         argv.extend(args.iter().map(String::as_str));
         let theirs = run_python_script("fused_layer_norm.py", &argv);
         assert_eq!(ours.trim_end(), theirs.trim_end(), "{shape:?} {key} sms {sms}");
-        assert_eq!(ours.lines().count(), 3, "{ours}");
+        assert_eq!(ours.lines().count(), 4, "{ours}");
         assert_eq!((dx.size(), dx.kind()), (shape.to_vec(), kind));
         assert_eq!((dw.size(), db.kind()), (vec![c], Kind::Float));
     }

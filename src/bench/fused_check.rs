@@ -1,9 +1,10 @@
 //! `ringtrain fused-check` (hidden; the GPU battery runs it): the compiled fused BatchNorm +
-//! (add) + ReLU kernels, LayerNorm kernels and ConvNeXt's scale-add kernels, forward and backward through autograd, on
-//! ResNet's and ConvNeXt's shapes and odd ones in fp16, bf16 and fp32, with everything in and out written to one safetensors file. The
-//! battery then recomputes each case with PyTorch (fp64, and its unfused ops in the same dtype) on
-//! the same GPU and holds the kernels to the bounds the interpreter test holds them to on the CPU
-//! (tests/py/fused_bn_act.py, fused_layer_norm.py, fused_scale_add.py).
+//! (add) + ReLU kernels, LayerNorm kernels and ConvNeXt's scale-add kernels, forward and
+//! backward through autograd, on ResNet's and ConvNeXt's shapes and odd ones in fp16, bf16 and
+//! fp32, with everything in and out written to one safetensors file. The battery then recomputes
+//! each case with PyTorch (fp64, and its unfused ops in the same dtype) on the same GPU and holds
+//! the kernels to the bounds the interpreter tests hold them to on the CPU (tests/py/fused_bn_act.py,
+//! fused_layer_norm.py, fused_scale_add.py).
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -72,30 +73,13 @@ pub fn run(device: Device, out: &Path) -> Result<usize> {
             .with_context(|| format!("fused-check: the kernels do not cover case {i} ({shape:?} {kind:?})"))?;
         // The upstream gradient is dy exactly: d(Σ y·dy)/dy = dy (a product with 1).
         (&y * &dy).sum(Kind::Float).backward();
-        let mut put = |name: &str, t: &Tensor| named.push((format!("{i}.{name}"), t.shallow_clone()));
-        for (name, t) in [
-            ("x", &x),
-            ("dy", &dy),
-            ("w", &w),
-            ("b", &b),
-            ("rm0", &rm0),
-            ("rv0", &rv0),
-        ] {
-            put(name, t);
-        }
-        for (name, t) in [
-            ("y", &y),
-            ("rm", &rm),
-            ("rv", &rv),
-            ("dx", &x.grad()),
-            ("dw", &w.grad()),
-            ("db", &b.grad()),
-        ] {
-            put(name, t);
-        }
+        let case = i.to_string();
+        keep(&mut named, &case, &[("x", &x), ("dy", &dy), ("w", &w), ("b", &b), ("rm0", &rm0), ("rv0", &rv0)]);
+        let grads = [x.grad(), w.grad(), b.grad()];
+        let outputs = [("y", &y), ("rm", &rm), ("rv", &rv), ("dx", &grads[0]), ("dw", &grads[1]), ("db", &grads[2])];
+        keep(&mut named, &case, &outputs);
         if let Some(r) = &res {
-            put("res", r);
-            put("dres", &r.grad());
+            keep(&mut named, &case, &[("res", r), ("dres", &r.grad())]);
         }
     }
     for (i, &(shape, kind)) in LN_CASES.iter().enumerate() {
@@ -112,18 +96,9 @@ pub fn run(device: Device, out: &Path) -> Result<usize> {
             format!("fused-check: the kernels do not cover LayerNorm case {i} ({shape:?} {kind:?})")
         })?;
         (&y * &dy).sum(Kind::Float).backward();
-        for (name, t) in [
-            ("x", &x),
-            ("dy", &dy),
-            ("w", &w),
-            ("b", &b),
-            ("y", &y),
-            ("dx", &x.grad()),
-            ("dw", &w.grad()),
-            ("db", &b.grad()),
-        ] {
-            named.push((format!("ln{i}.{name}"), t.shallow_clone()));
-        }
+        let grads = [x.grad(), w.grad(), b.grad()];
+        keep(&mut named, &format!("ln{i}"), &[("x", &x), ("dy", &dy), ("w", &w), ("b", &b), ("y", &y)]);
+        keep(&mut named, &format!("ln{i}"), &[("dx", &grads[0]), ("dw", &grads[1]), ("db", &grads[2])]);
     }
     for (i, &([n, h, w, c], z_kind, stream_kind)) in SCALE_ADD_CASES.iter().enumerate() {
         tch::manual_seed(3000 + i as i64);
@@ -135,31 +110,28 @@ pub fn run(device: Device, out: &Path) -> Result<usize> {
             .set_requires_grad(true);
         let gamma = (Tensor::rand([c, 1, 1], opts) + 0.5).set_requires_grad(true);
         // Stochastic depth's factors: about a third of the samples dropped, the rest scaled.
-        let keep = Tensor::rand([n], opts).gt(0.3).to_kind(Kind::Float) / 0.7;
+        let factors = Tensor::rand([n], opts).gt(0.3).to_kind(Kind::Float) / 0.7;
         let dout = crate::shim::to_channels_last(&Tensor::randn([n, c, h, w], opts))?;
-        let y = fused::scale_add(&z, &stream, &gamma, &keep).with_context(|| {
+        let y = fused::scale_add(&z, &stream, &gamma, &factors).with_context(|| {
             format!(
                 "fused-check: the kernels do not cover scale-add case {i} ({:?} {z_kind:?})",
                 [n, h, w, c]
             )
         })?;
         (&y * &dout).sum(Kind::Float).backward();
-        for (name, t) in [
-            ("z", &z),
-            ("stream", &stream),
-            ("gamma", &gamma),
-            ("keep", &keep),
-            ("dout", &dout),
-            ("out", &y),
-            ("dz", &z.grad()),
-            ("dgamma", &gamma.grad()),
-        ] {
-            named.push((format!("sa{i}.{name}"), t.shallow_clone()));
-        }
+        let grads = [z.grad(), gamma.grad()];
+        let tensors = [("z", &z), ("stream", &stream), ("gamma", &gamma), ("keep", &factors), ("dout", &dout)];
+        keep(&mut named, &format!("sa{i}"), &tensors);
+        keep(&mut named, &format!("sa{i}"), &[("out", &y), ("dz", &grads[0]), ("dgamma", &grads[1])]);
     }
     crate::atomic::write_file_by_path(out, |tmp| {
         let refs = named.iter().map(|(k, t)| (k.as_str(), t));
         crate::model::weights::write_tensors(refs, tmp).with_context(|| format!("writing {}", out.display()))
     })?;
     Ok(CASES.len() + LN_CASES.len() + SCALE_ADD_CASES.len())
+}
+
+/// Adds a case's tensors to the file's list, each named `{case}.{name}`.
+fn keep(named: &mut Vec<(String, Tensor)>, case: &str, tensors: &[(&str, &Tensor)]) {
+    named.extend(tensors.iter().map(|(name, t)| (format!("{case}.{name}"), t.shallow_clone())));
 }

@@ -58,7 +58,7 @@ pub struct BenchResult {
 pub struct StepFlags {
     /// The step replayed as one CUDA graph (`--cuda-graphs`).
     pub cuda_graphs: bool,
-    /// BatchNorm + (add) + ReLU through the fused kernels (`--fused-norm`; None: train's default).
+    /// Normalisation through the fused kernels (`--fused-norm`; None: train's default).
     pub fused_norm: Option<bool>,
 }
 

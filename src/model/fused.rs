@@ -35,12 +35,10 @@ pub struct KernelImage {
 }
 
 /// kernels/layer_norm.py's constants, as the build read them: the tile's elements, programs per
-/// multiprocessor in backward, columns per program of the weight gradient's sum, and the range of
-/// tile widths (powers of two).
+/// multiprocessor in backward, and the range of tile widths (powers of two).
 pub struct LayerNormPlan {
     pub tile: i64,
     pub programs_per_sm: i64,
-    pub finalize_c: i64,
     pub min_width: i64,
     pub max_width: i64,
 }
@@ -64,13 +62,7 @@ struct RtKernelImage {
 
 extern "C" {
     fn rt_fused_set_images(images: *const RtKernelImage, n: c_int, block_m: i64, block_c: i64) -> c_int;
-    fn rt_fused_set_layer_norm_plan(
-        tile: i64,
-        programs_per_sm: i64,
-        finalize_c: i64,
-        min_width: i64,
-        max_width: i64,
-    ) -> c_int;
+    fn rt_fused_set_layer_norm_plan(tile: i64, programs_per_sm: i64, min_width: i64, max_width: i64) -> c_int;
     fn rt_fused_prepare(device: c_int) -> c_int;
     fn rt_fused_layer_norm(
         x: *mut torch_sys::C_tensor,
@@ -168,7 +160,7 @@ fn register() {
         let ln = &table::LN_PLAN;
         unsafe {
             rt_fused_set_images(images.as_ptr(), images.len() as c_int, table::BLOCK_M, table::BLOCK_C);
-            rt_fused_set_layer_norm_plan(ln.tile, ln.programs_per_sm, ln.finalize_c, ln.min_width, ln.max_width);
+            rt_fused_set_layer_norm_plan(ln.tile, ln.programs_per_sm, ln.min_width, ln.max_width);
         }
         Registered {
             _names: names,
@@ -199,7 +191,7 @@ pub fn describe() -> String {
 
 /// Whether the fused kernels can run on `device`: loads them there once, and returns the GPU's
 /// compute capability (major·10 + minor). The error says why not (the run then uses the unfused
-/// BatchNorm).
+/// ops).
 pub fn prepare(device: Device) -> Result<i32, String> {
     register();
     if table::KERNELS.is_empty() {
@@ -356,10 +348,7 @@ pub fn record_launches(
             grads.as_mut_ptr(),
         )
     };
-    if text.is_null() {
-        bail!("fused BatchNorm: {}", crate::shim::last_error_message());
-    }
-    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    let text = unsafe { recorded(text, "BatchNorm")? };
     let grads = grads.map(|g| (!g.is_null()).then(|| unsafe { Tensor::from_ptr(g) }));
     Ok((text, grads))
 }
@@ -388,10 +377,7 @@ pub fn record_layer_norm_launches(
             grads.as_mut_ptr(),
         )
     };
-    if text.is_null() {
-        bail!("fused LayerNorm: {}", crate::shim::last_error_message());
-    }
-    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    let text = unsafe { recorded(text, "LayerNorm")? };
     Ok((text, grads.map(|g| unsafe { Tensor::from_ptr(g) })))
 }
 
@@ -420,11 +406,19 @@ pub fn record_scale_add_launches(
             grads.as_mut_ptr(),
         )
     };
-    if text.is_null() {
-        bail!("fused scale-add: {}", crate::shim::last_error_message());
-    }
-    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    let text = unsafe { recorded(text, "scale-add")? };
     Ok((text, grads.map(|g| unsafe { Tensor::from_ptr(g) })))
+}
+
+/// A `*_record` call's text, or its error.
+///
+/// # Safety
+/// `text` is null or a C string the shim keeps until the next recording on this thread.
+unsafe fn recorded(text: *const c_char, what: &str) -> Result<String> {
+    if text.is_null() {
+        bail!("fused {what}: {}", crate::shim::last_error_message());
+    }
+    Ok(CStr::from_ptr(text).to_string_lossy().into_owned())
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 import bn_act  # noqa: E402
+from launch import check_args  # noqa: E402
 # The GPU battery's reference and bounds, so that its check of the compiled kernels and this one
 # of the interpreted kernels are the same check.
 from gpu_battery import FUSED_FP32, FUSED_STATS, fused_bound, unfused_bn_relu  # noqa: E402
@@ -176,8 +177,9 @@ def plan(n, c, h, w, dtype, has_res, sm_count):
     def record(kernel, grid, args, **constexprs):
         name = kernel.fn.__name__
         if name not in ("bn_stats_finalize", "bn_act_backward_finalize"):
-            name += "." + dtype_key + (".res" if constexprs.get("HAS_RES") else "") + (".a16" if aligned(c, args) else "")
-        bn_act.check_args(kernel, args)
+            res = ".res" if constexprs.get("HAS_RES") else ""
+            name += "." + dtype_key + res + (".a16" if aligned(c, args) else "")
+        check_args(kernel, args)
         lines.append(launch_line(name, grid, args))
 
     m = n * h * w

@@ -12,9 +12,9 @@ counts that leave a ragged last tile and a ragged last reduction part, one part 
 
 Prints one JSON line: {"cases": N, "max_parts": P, "worst": {...}}; exits non-zero with the
 failing case. With `--battery-check DIR` it checks the GPU battery's reading of `ringtrain
-fused-check`'s LayerNorm cases (battery_check below). With `--plan M C DTYPE SM_COUNT` it prints instead the launches layer_norm.forward
-and layer_norm.backward make for that shape (nothing runs), as csrc/fused_norm.cpp records its
-own (tests/fused_norm.rs compares the two).
+fused-check`'s LayerNorm cases (battery_check below). With `--plan M C DTYPE SM_COUNT` it
+prints instead the launches layer_norm.forward and layer_norm.backward make for that shape
+(nothing runs), as csrc/fused_norm.cpp records its own (tests/fused_norm.rs compares the two).
 """
 import os
 import sys
@@ -26,6 +26,7 @@ from fused_bn_act import Tally, aligned, battery_reading, launch_line, rel  # no
 import torch  # noqa: E402
 
 import layer_norm  # noqa: E402
+from launch import check_args  # noqa: E402
 from gpu_battery import FUSED_FP32, FUSED_STATS, eager_layer_norm, fused_bound  # noqa: E402
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
@@ -71,7 +72,7 @@ def plan(m, c, dtype_key, sm_count):
     lines = []
 
     def record(kernel, grid, args, **constexprs):
-        layer_norm.check_args(kernel, args)
+        check_args(kernel, args)
         lines.append(launch_line(variant(kernel.fn.__name__, dtype_key, c, args, constexprs), grid, args))
 
     x, dy = torch.empty(m, c, dtype=dtype), torch.empty(m, c, dtype=dtype)

@@ -25,6 +25,7 @@ from fused_bn_act import Tally, aligned, battery_reading, launch_line, rel  # no
 import torch  # noqa: E402
 
 import scale_add  # noqa: E402
+from launch import check_args  # noqa: E402
 from gpu_battery import FUSED_FP32, eager_scale_add, fused_bound  # noqa: E402
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
@@ -72,7 +73,7 @@ def plan(n, h, w, c, z_key, stream_key, sm_count):
     lines = []
 
     def record(kernel, grid, args, **constexprs):
-        scale_add.check_args(kernel, args)
+        check_args(kernel, args)
         name = kernel.fn.__name__
         a16 = ".a16" if aligned(c, args) else ""
         if name == "scale_add_forward":
