@@ -850,17 +850,17 @@ def main():
                 return bench_figures(text, vs_pytorch=True, memory=False)
             b.check(f"end_to_end_{model}_bf16_{how}", "speed", decode_once)
 
-    # The newer families: ConvNeXt-T and ViT-B/16 at 224 px, bf16, channels_last, against eager
-    # PyTorch in the same run (dry: 32 px, batch 2).
+    # The newer families: ConvNeXt-T and ViT-B/16 at 224 px, bf16, channels_last, unfused,
+    # against eager PyTorch in the same run (dry: 32 px, batch 2).
     for model in ("convnext_tiny", "vit_b_16"):
         batch, img, n, warm = (2, 32, 2, 1) if dry else (128, 224, 40, 10)
         args = ["bench", "--model", model, "--batch-size", batch, "--img-size", img, "--device", dev,
-                "--steps", n, "--warmup", warm, "--amp", amp_of("bf16"), "--channels-last", "true"]
+                "--steps", n, "--warmup", warm, "--amp", amp_of("bf16"), "--channels-last", "true", "--fused-norm", "false"]
         b.check(f"step_{model}_bf16", "speed", lambda args=args: bench_figures(
             b.ringtrain(*args, "--vs-pytorch", "--python", b.python), vs_pytorch=True, memory=not dry))
 
-    # --fused-norm's step against eager PyTorch (same run): ResNet-50 in both precisions,
-    # ConvNeXt-T (its LayerNorm) in bf16.
+    # --fused-norm's step against eager PyTorch (same run): ResNet-50 and ConvNeXt-T (its
+    # LayerNorm and block ends) in both precisions.
     def fused_step(amp, model="resnet50", size=(256, 224, 50, 15)):
         batch, img, n, warm = (2, 32, 2, 1) if dry else size
         text = b.ringtrain("bench", "--model", model, "--batch-size", batch, "--img-size", img, "--device", dev,
@@ -874,8 +874,9 @@ def main():
 
     for amp in ("bf16", "fp16"):
         b.check(f"step_resnet50_{amp}_fused_norm", "speed", lambda amp=amp: fused_step(amp))
-    b.check("step_convnext_tiny_bf16_fused_norm", "speed",
-            lambda: fused_step("bf16", "convnext_tiny", (128, 224, 40, 10)))
+    for amp in ("bf16", "fp16"):
+        b.check(f"step_convnext_tiny_{amp}_fused_norm", "speed",
+                lambda amp=amp: fused_step(amp, "convnext_tiny", (128, 224, 40, 10)))
 
     # Where the time goes: ringtrain, eager PyTorch and torch.compile profiled over the same
     # steps (5 after the timed ones), the three traces in one table by kernel class.
@@ -900,7 +901,8 @@ def main():
     b.check("profile_resnet50_bf16", "speed", lambda: profiled("resnet50", 256, 224, ["--fused-norm", "false"]))
     b.check("profile_resnet50_bf16_fused_norm", "speed",
             lambda: profiled("resnet50", 256, 224, ["--fused-norm"], "-fused", compiled=False))
-    b.check("profile_convnext_tiny_bf16", "speed", lambda: profiled("convnext_tiny", 128, 224))
+    b.check("profile_convnext_tiny_bf16", "speed",
+            lambda: profiled("convnext_tiny", 128, 224, ["--fused-norm", "false"]))
     b.check("profile_convnext_tiny_bf16_fused_norm", "speed",
             lambda: profiled("convnext_tiny", 128, 224, ["--fused-norm"], "-fused", compiled=False))
 

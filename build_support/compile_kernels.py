@@ -35,6 +35,7 @@ def variants():
     residual stream (the activations' or fp32). layer_norm: one per dtype, tile width W and
     alignment. launch.py's sum_parts once."""
     import bn_act
+    import launch
     import layer_norm as ln
     out = []
 
@@ -44,7 +45,7 @@ def variants():
 
     bn = dict(BLOCK_M=bn_act.BLOCK_M, BLOCK_C=bn_act.BLOCK_C)
     for kernel in ("bn_stats_finalize", "bn_act_backward_finalize"):
-        add(kernel, "bn_act", kernel, None, False, bn, bn_act.NUM_WARPS)
+        add(kernel, "bn_act", kernel, None, False, dict(bn, BLOCK_P=launch.BLOCK_P), bn_act.NUM_WARPS)
     for kernel in ("bn_stats_partial", "bn_act_backward_partial", "bn_act_forward", "bn_act_backward"):
         with_res = kernel != "bn_stats_partial"
         for dt in DTYPES:
@@ -53,7 +54,8 @@ def variants():
                     name = kernel + "." + dt + (".res" if res else "") + (".a16" if aligned else "")
                     constexprs = dict(bn, HAS_RES=bool(res)) if with_res else bn
                     add(name, "bn_act", kernel, dt, aligned, constexprs, bn_act.NUM_WARPS)
-    add("sum_parts", "launch", "sum_parts", None, False, dict(BLOCK_C=bn_act.BLOCK_C), bn_act.NUM_WARPS)
+    add("sum_parts", "launch", "sum_parts", None, False, dict(BLOCK_C=bn_act.BLOCK_C, BLOCK_P=launch.BLOCK_P),
+        bn_act.NUM_WARPS)
     for dt in DTYPES:
         for aligned in (False, True):
             a16 = ".a16" if aligned else ""
@@ -148,6 +150,7 @@ def main(out_dir):
         return 3
     sys.path.insert(0, KERNELS_DIR)
     import bn_act
+    import launch
     import layer_norm as ln
     os.makedirs(out_dir, exist_ok=True)
     jobs = [(v, arch, out_dir) for v in variants() for arch in CUBIN_ARCHS]

@@ -26,7 +26,7 @@ TRITON_INTERPRET=1 on the CPU against PyTorch's unfused operations (tests/py/fus
 import triton
 import triton.language as tl
 
-from launch import cdiv, check_args
+from launch import BLOCK_P, cdiv, check_args
 
 # Tile of the [M, C] matrix one program handles per iteration: 64 channels (128 bytes of fp16 per
 # row, one coalesced segment) by 64 rows. The C++ side reads these through the kernel table.
@@ -72,23 +72,32 @@ def bn_stats_partial(x_ptr, part_mean_ptr, part_m2_ptr, M, C, rows_per_prog,
 @triton.jit
 def bn_stats_finalize(part_mean_ptr, part_m2_ptr, num_parts, rows_per_prog, M, C,
                       mean_ptr, invstd_ptr, running_mean_ptr, running_var_ptr, momentum, eps,
-                      BLOCK_C: tl.constexpr):
+                      BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
     """Combines the partial (mean, M2) into the batch's mean and 1/sqrt(var + eps), and updates
-    the running statistics as torch.nn.BatchNorm2d does (the unbiased variance)."""
+    the running statistics as torch.nn.BatchNorm2d does (the unbiased variance). Chan's merge of
+    all parts at once, BLOCK_P at a time: mean = Σ n_p·mean_p / M, then
+    M2 = Σ M2_p + n_p·(mean_p - mean)², whose terms are deviations from the final mean (no
+    cancellation when |mean| ≫ std)."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    n = 0.0
-    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for p in range(0, num_parts):
-        cnt = tl.minimum(rows_per_prog, M - p * rows_per_prog).to(tl.float32)
-        p_mean = tl.load(part_mean_ptr + p * C + cols, mask=cmask, other=0.0)
-        p_m2 = tl.load(part_m2_ptr + p * C + cols, mask=cmask, other=0.0)
-        n_new = n + cnt
-        delta = p_mean - mean
-        mean = mean + delta * (cnt / n_new)
-        m2 = m2 + p_m2 + delta * delta * (n * cnt / n_new)
-        n = n_new
+    n = M.to(tl.float32)
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for p0 in range(0, num_parts, BLOCK_P):
+        parts = p0 + tl.arange(0, BLOCK_P)
+        cnt = tl.where(parts < num_parts, tl.minimum(rows_per_prog, M - parts * rows_per_prog), 0).to(tl.float32)
+        mask = (parts < num_parts)[:, None] & cmask[None, :]
+        p_mean = tl.load(part_mean_ptr + parts[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        acc += cnt[:, None] * p_mean
+    mean = tl.sum(acc, axis=0) / n
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for p0 in range(0, num_parts, BLOCK_P):
+        parts = p0 + tl.arange(0, BLOCK_P)
+        cnt = tl.where(parts < num_parts, tl.minimum(rows_per_prog, M - parts * rows_per_prog), 0).to(tl.float32)
+        mask = (parts < num_parts)[:, None] & cmask[None, :]
+        offs = parts[:, None] * C + cols[None, :]
+        delta = tl.load(part_mean_ptr + offs, mask=mask, other=0.0) - mean[None, :]
+        acc += tl.load(part_m2_ptr + offs, mask=mask, other=0.0) + cnt[:, None] * delta * delta
+    m2 = tl.sum(acc, axis=0)
     invstd = 1.0 / tl.sqrt(m2 / n + eps)
     tl.store(mean_ptr + cols, mean, mask=cmask)
     tl.store(invstd_ptr + cols, invstd, mask=cmask)
@@ -148,17 +157,20 @@ def bn_act_backward_partial(dy_ptr, y_ptr, x_ptr, mean_ptr, dres_ptr, part_g_ptr
 
 @triton.jit
 def bn_act_backward_finalize(part_g_ptr, part_gx_ptr, num_parts, C, invstd_ptr, dw_ptr, db_ptr,
-                             BLOCK_C: tl.constexpr):
-    """db = Σg, dw = Σg·(x - mean)·invstd."""
+                             BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+    """db = Σg, dw = Σg·(x - mean)·invstd, the parts added BLOCK_P at a time as sum_parts does."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    sum_g = tl.zeros([BLOCK_C], dtype=tl.float32)
-    sum_gx = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for p in range(0, num_parts):
-        sum_g += tl.load(part_g_ptr + p * C + cols, mask=cmask, other=0.0)
-        sum_gx += tl.load(part_gx_ptr + p * C + cols, mask=cmask, other=0.0)
-    tl.store(db_ptr + cols, sum_g, mask=cmask)
-    tl.store(dw_ptr + cols, sum_gx * tl.load(invstd_ptr + cols, mask=cmask, other=0.0), mask=cmask)
+    acc_g = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    acc_gx = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for p0 in range(0, num_parts, BLOCK_P):
+        parts = p0 + tl.arange(0, BLOCK_P)
+        mask = (parts < num_parts)[:, None] & cmask[None, :]
+        offs = parts[:, None] * C + cols[None, :]
+        acc_g += tl.load(part_g_ptr + offs, mask=mask, other=0.0)
+        acc_gx += tl.load(part_gx_ptr + offs, mask=mask, other=0.0)
+    tl.store(db_ptr + cols, tl.sum(acc_g, axis=0), mask=cmask)
+    tl.store(dw_ptr + cols, tl.sum(acc_gx, axis=0) * tl.load(invstd_ptr + cols, mask=cmask, other=0.0), mask=cmask)
 
 
 @triton.jit
@@ -219,7 +231,7 @@ def forward(x2d, res2d, w, b, running_mean, running_var, momentum, eps, sm_count
     launch(bn_stats_finalize, (cdiv(C, BLOCK_C), 1),
            [("part_mean", part_mean), ("part_m2", part_m2), ("num_parts", parts), ("rows_per_prog", rows), ("M", M),
             ("C", C), ("mean", mean), ("invstd", invstd), ("running_mean", running_mean),
-            ("running_var", running_var), ("momentum", momentum), ("eps", eps)])
+            ("running_var", running_var), ("momentum", momentum), ("eps", eps)], BLOCK_P=BLOCK_P)
     y = torch.empty_like(x2d)
     has_res = res2d is not None
     launch(bn_act_forward, (cdiv(M, BLOCK_M), cdiv(C, BLOCK_C)),
@@ -245,7 +257,7 @@ def backward(dy2d, y2d, x2d, mean, invstd, w, has_res, sm_count, launch=run):
            HAS_RES=has_res, BLOCK_M=BLOCK_M)
     launch(bn_act_backward_finalize, (cdiv(C, BLOCK_C), 1),
            [("part_g", part_g), ("part_gx", part_gx), ("num_parts", parts), ("C", C), ("invstd", invstd),
-            ("dw", dw), ("db", db)])
+            ("dw", dw), ("db", db)], BLOCK_P=BLOCK_P)
     launch(bn_act_backward, (cdiv(M, BLOCK_M), cdiv(C, BLOCK_C)),
            [("dy", dy2d), ("y", y2d), ("x", x2d), ("mean", mean), ("invstd", invstd), ("weight", w), ("dw", dw),
             ("db", db), ("dx", dx), ("dres", dres if has_res else dx), ("M", M), ("C", C)],

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from bn_act import BLOCK_C
-from launch import cdiv, check_args, sum_parts
+from launch import BLOCK_P, cdiv, check_args, sum_parts
 
 # Elements of one program's tile; its widths, W, are the powers of two from WIDTHS[0] to
 # WIDTHS[-1] (channel counts above that run the unfused LayerNorm).
@@ -149,5 +149,5 @@ def backward(dy2d, x2d, w, mean, rstd, sm_count, launch=run):
            BLOCK_M=TILE // W, W=W)
     for part, out in ((part_dw, dw), (part_db, db)):
         launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", out)],
-               BLOCK_C=BLOCK_C)
+               BLOCK_C=BLOCK_C, BLOCK_P=BLOCK_P)
     return dx, dw, db

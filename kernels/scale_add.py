@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from bn_act import BLOCK_C, BLOCK_M, NUM_WARPS, reduction_plan
-from launch import cdiv, check_args, sum_parts
+from launch import BLOCK_P, cdiv, check_args, sum_parts
 
 
 @triton.jit
@@ -99,5 +99,5 @@ def backward(dout2d, z2d, gamma, keep, rows_per_sample, sm_count, launch=run):
            [("dout", dout2d), ("z", z2d), ("gamma", gamma), ("keep", keep), ("dz", dz), ("part_dgamma", part),
             ("M", M), ("C", C), ("rows_per_sample", rows_per_sample), ("rows_per_prog", rows)],
            BLOCK_M=BLOCK_M)
-    launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", dgamma)])
+    launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", dgamma)], BLOCK_P=BLOCK_P)
     return dz, dgamma

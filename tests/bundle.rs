@@ -170,8 +170,9 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     }
     want.extend(["step_convnext_tiny_bf16", "step_vit_b_16_bf16"].map(String::from));
     // --fused-norm against eager PyTorch, then ringtrain, eager and torch.compile profiled.
-    want.extend(["bf16", "fp16"].map(|amp| format!("step_resnet50_{amp}_fused_norm")));
-    want.push("step_convnext_tiny_bf16_fused_norm".into());
+    for model in ["resnet50", "convnext_tiny"] {
+        want.extend(["bf16", "fp16"].map(|amp| format!("step_{model}_{amp}_fused_norm")));
+    }
     want.extend(
         [
             "profile_resnet50_bf16",

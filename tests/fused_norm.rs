@@ -18,15 +18,16 @@ use tch::{Kind, Tensor};
 #[test]
 fn fused_kernels_match_pytorch_under_the_interpreter() {
     let scripts: [(&str, u64, &[&str]); 3] = [
-        ("fused_bn_act.py", 48, &["y", "dx", "dw", "db", "dres"]),
-        ("fused_layer_norm.py", 36, &["y", "dx", "dw", "db"]),
-        ("fused_scale_add.py", 40, &["out", "dz", "dgamma"]),
+        ("fused_bn_act.py", 51, &["y", "dx", "dw", "db", "dres"]),
+        ("fused_layer_norm.py", 39, &["y", "dx", "dw", "db"]),
+        ("fused_scale_add.py", 43, &["out", "dz", "dgamma"]),
     ];
     for (script, cases, names) in scripts {
         let out = run_python_script(script, &[]);
         let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
         assert_eq!(v["cases"], cases, "{script}: {out}");
-        assert!(v["max_parts"].as_u64().unwrap() > 3, "{script}: {out}");
+        // More parts than the second stage reads at a time (kernels/launch.py's BLOCK_P = 32).
+        assert!(v["max_parts"].as_u64().unwrap() > 32, "{script}: {out}");
         // The fp32 kernels sit within a few fp32 roundings of fp64 (the scripts' bound is 2e-5).
         for name in names {
             let e = v["worst"][format!("{name}_float32")].as_f64().unwrap();

@@ -207,25 +207,26 @@ pub fn prepare(device: Device) -> Result<i32, String> {
     }
 }
 
-/// The GPUs (compute capability, major·10 + minor) on which a training run with the fused
-/// kernels was shown both faster than the unfused ops and equal to them within the bounds
-/// (docs/BENCHMARKS.md: H100s). Where a run leaves `--fused-norm` out, it is on there only.
+/// The GPUs (compute capability, major·10 + minor) on which training runs with the fused
+/// kernels were shown both faster than the unfused ops and equal to them within the bounds
+/// (docs/BENCHMARKS.md: ResNets on H100s and an H200, ConvNeXt-T on an H200). Where a run leaves
+/// `--fused-norm` out, it is on there only.
 pub const DEFAULT_ON: &[i32] = &[90];
 
 /// Whether a run that leaves `--fused-norm` out takes the fused kernels: where they were measured
-/// (a ResNet in fp16 or bf16, channels_last, on a GPU of `DEFAULT_ON`), and not with
-/// `--cuda-graphs`, whose capture of them no GPU run has checked yet. `capability` loads the
-/// kernels and gives the GPU's (None when they cannot run there); it is asked last, so a run the
-/// other conditions rule out loads nothing.
+/// (a model of the families they cover, ResNet and ConvNeXt, in fp16 or bf16, channels_last, on
+/// a GPU of `DEFAULT_ON`), and not with `--cuda-graphs`, whose capture of them no GPU run has
+/// checked yet. `capability` loads the kernels and gives the GPU's (None when they cannot run
+/// there); it is asked last, so a run the other conditions rule out loads nothing.
 pub fn on_by_default(
-    resnet: bool,
+    covered: bool,
     amp: Option<tch::Kind>,
     channels_last: bool,
     cuda_graphs: bool,
     capability: impl FnOnce() -> Option<i32>,
 ) -> bool {
     let half = matches!(amp, Some(tch::Kind::Half | tch::Kind::BFloat16));
-    resnet && half && channels_last && !cuda_graphs && capability().is_some_and(|cc| DEFAULT_ON.contains(&cc))
+    covered && half && channels_last && !cuda_graphs && capability().is_some_and(|cc| DEFAULT_ON.contains(&cc))
 }
 
 /// relu(batch_norm(x) [+ residual]) in training mode through the fused kernels, running
@@ -426,14 +427,14 @@ mod tests {
     use super::on_by_default;
     use tch::Kind;
 
-    /// Left out, `--fused-norm` is on only for what GPU runs measured: a ResNet, fp16 or bf16,
+    /// Left out, `--fused-norm` is on only for what GPU runs measured: a ResNet or ConvNeXt, fp16 or bf16,
     /// channels_last, compute capability 9.0, no CUDA graphs; any one of them missing turns it off.
     #[test]
     fn on_by_default_only_where_measured() {
         for amp in [Kind::Half, Kind::BFloat16] {
             assert!(on_by_default(true, Some(amp), true, false, || Some(90)));
         }
-        assert!(!on_by_default(false, Some(Kind::Half), true, false, || Some(90)), "not a ResNet");
+        assert!(!on_by_default(false, Some(Kind::Half), true, false, || Some(90)), "not a family the kernels cover");
         assert!(!on_by_default(true, None, true, false, || Some(90)), "fp32");
         assert!(!on_by_default(true, Some(Kind::Half), false, false, || Some(90)), "NCHW");
         assert!(!on_by_default(true, Some(Kind::Half), true, true, || Some(90)), "CUDA graphs");

@@ -454,7 +454,6 @@ fn model_options(cfg: &TrainConfig, device: Device) -> Result<crate::model::Mode
     use crate::model::kind::Arch;
     let mut opts = cfg.model_options();
     let arch = cfg.model.arch();
-    let resnet = matches!(arch, Arch::ResNet(_));
     let norm = match arch {
         Arch::ResNet(_) => Some("BatchNorm"),
         Arch::ConvNext(_) => Some("LayerNorm"),
@@ -484,9 +483,12 @@ fn model_options(cfg: &TrainConfig, device: Device) -> Result<crate::model::Mode
         None => {
             let amp = cfg.amp.autocast_kind(device)?;
             let channels_last = crate::device::channels_last(cfg.channels_last, device);
-            let on = crate::model::fused::on_by_default(resnet, amp, channels_last, cfg.cuda_graphs, || prepared().ok());
-            if on {
-                say!("fused BatchNorm + ReLU kernels: on (the default on this GPU; --fused-norm false runs the unfused ops)");
+            let covered = norm.is_some();
+            let on = crate::model::fused::on_by_default(covered, amp, channels_last, cfg.cuda_graphs, || {
+                prepared().ok()
+            });
+            if let (true, Some(norm)) = (on, norm) {
+                say!("fused {norm} kernels: on (the default on this GPU; --fused-norm false runs the unfused ops)");
             }
             on
         }
