@@ -26,7 +26,7 @@ TRITON_INTERPRET=1 on the CPU against PyTorch's unfused operations (tests/py/fus
 import triton
 import triton.language as tl
 
-from launch import BLOCK_P, cdiv, check_args
+from launch import BLOCK_P, cdiv, check_args, parts_tile, row_tile
 
 # Tile of the [M, C] matrix one program handles per iteration: 64 channels (128 bytes of fp16 per
 # row, one coalesced segment) by 64 rows. The C++ side reads these through the kernel table.
@@ -48,10 +48,7 @@ def bn_stats_partial(x_ptr, part_mean_ptr, part_m2_ptr, M, C, rows_per_prog,
     mean = tl.zeros([BLOCK_C], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
     for start in range(0, rows_per_prog, BLOCK_M):
-        rows = row0 + start + tl.arange(0, BLOCK_M)
-        rmask = rows < row_end
-        mask = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+        _, rmask, mask, offs = row_tile(row0 + start, row_end, cols, cmask, C, BLOCK_M)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         # The last part's last tiles may be empty (cnt 0): they then change nothing.
         cnt = tl.sum(rmask.to(tl.float32), axis=0)
@@ -85,16 +82,14 @@ def bn_stats_finalize(part_mean_ptr, part_m2_ptr, num_parts, rows_per_prog, M, C
     for p0 in range(0, num_parts, BLOCK_P):
         parts = p0 + tl.arange(0, BLOCK_P)
         cnt = tl.where(parts < num_parts, tl.minimum(rows_per_prog, M - parts * rows_per_prog), 0).to(tl.float32)
-        mask = (parts < num_parts)[:, None] & cmask[None, :]
-        p_mean = tl.load(part_mean_ptr + parts[:, None] * C + cols[None, :], mask=mask, other=0.0)
-        acc += cnt[:, None] * p_mean
+        mask, offs = parts_tile(parts, num_parts, cols, cmask, C)
+        acc += cnt[:, None] * tl.load(part_mean_ptr + offs, mask=mask, other=0.0)
     mean = tl.sum(acc, axis=0) / n
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for p0 in range(0, num_parts, BLOCK_P):
         parts = p0 + tl.arange(0, BLOCK_P)
         cnt = tl.where(parts < num_parts, tl.minimum(rows_per_prog, M - parts * rows_per_prog), 0).to(tl.float32)
-        mask = (parts < num_parts)[:, None] & cmask[None, :]
-        offs = parts[:, None] * C + cols[None, :]
+        mask, offs = parts_tile(parts, num_parts, cols, cmask, C)
         delta = tl.load(part_mean_ptr + offs, mask=mask, other=0.0) - mean[None, :]
         acc += tl.load(part_m2_ptr + offs, mask=mask, other=0.0) + cnt[:, None] * delta * delta
     m2 = tl.sum(acc, axis=0)
@@ -111,11 +106,9 @@ def bn_stats_finalize(part_mean_ptr, part_m2_ptr, num_parts, rows_per_prog, M, C
 def bn_act_forward(x_ptr, res_ptr, mean_ptr, invstd_ptr, weight_ptr, bias_ptr, y_ptr, M, C,
                    HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """y = relu((x - mean)·invstd·w + b [+ res]), computed in fp32 and rounded once."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    mask = (rows < M)[:, None] & cmask[None, :]
-    offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+    _, _, mask, offs = row_tile(tl.program_id(0) * BLOCK_M, M, cols, cmask, C, BLOCK_M)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
     scale = tl.load(invstd_ptr + cols, mask=cmask, other=0.0) * tl.load(weight_ptr + cols, mask=cmask, other=0.0)
@@ -141,9 +134,7 @@ def bn_act_backward_partial(dy_ptr, y_ptr, x_ptr, mean_ptr, dres_ptr, part_g_ptr
     acc_g = tl.zeros([BLOCK_C], dtype=tl.float32)
     acc_gx = tl.zeros([BLOCK_C], dtype=tl.float32)
     for start in range(0, rows_per_prog, BLOCK_M):
-        rows = row0 + start + tl.arange(0, BLOCK_M)
-        mask = (rows < row_end)[:, None] & cmask[None, :]
-        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+        _, _, mask, offs = row_tile(row0 + start, row_end, cols, cmask, C, BLOCK_M)
         y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         g = tl.where(y > 0.0, tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32), 0.0)
         if HAS_RES:
@@ -164,9 +155,7 @@ def bn_act_backward_finalize(part_g_ptr, part_gx_ptr, num_parts, C, invstd_ptr, 
     acc_g = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     acc_gx = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for p0 in range(0, num_parts, BLOCK_P):
-        parts = p0 + tl.arange(0, BLOCK_P)
-        mask = (parts < num_parts)[:, None] & cmask[None, :]
-        offs = parts[:, None] * C + cols[None, :]
+        mask, offs = parts_tile(p0 + tl.arange(0, BLOCK_P), num_parts, cols, cmask, C)
         acc_g += tl.load(part_g_ptr + offs, mask=mask, other=0.0)
         acc_gx += tl.load(part_gx_ptr + offs, mask=mask, other=0.0)
     tl.store(db_ptr + cols, tl.sum(acc_g, axis=0), mask=cmask)
@@ -178,11 +167,9 @@ def bn_act_backward(dy_ptr, y_ptr, x_ptr, mean_ptr, invstd_ptr, weight_ptr, dw_p
                     HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """dx = w·invstd·(g - (db + x̂·dw) / M), x̂ = (x - mean)·invstd; g read back from the
     residual's gradient when there is one, else made again from dy and y."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    mask = (rows < M)[:, None] & cmask[None, :]
-    offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+    _, _, mask, offs = row_tile(tl.program_id(0) * BLOCK_M, M, cols, cmask, C, BLOCK_M)
     if HAS_RES:
         g = tl.load(dres_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     else:

@@ -1,6 +1,7 @@
 """What every kernel module here shares: the kernels' parameters typed by name, the checks that
-hold each launch, interpreted or compiled, to the kernel's own parameter list, and the second
-stage of the two-stage column sums (`sum_parts`).
+hold each launch, interpreted or compiled, to the kernel's own parameter list, the tiles of a
+row-major [M, C] matrix (`row_tile`) and of a matrix of partial results (`parts_tile`), and the
+second stage of the two-stage column sums (`sum_parts`).
 
 build_support/compile_kernels.py types the compiled signatures from these sets: activations take
 the variant's dtype, STREAMS the variant's second dtype (a residual stream that may be fp32 where
@@ -38,6 +39,23 @@ def check_args(kernel, args):
         assert ok, (kernel.fn.__name__, n, type(v))
 
 
+@triton.jit
+def row_tile(first, end, cols, cmask, C, BLOCK_M: tl.constexpr):
+    """Rows first … first + BLOCK_M - 1 of a row-major [M, C] matrix, those below `end`, at
+    columns `cols` (valid where `cmask`): the rows, their mask, the tile's mask and its element
+    offsets (int64: M·C may pass 2^31)."""
+    rows = first + tl.arange(0, BLOCK_M)
+    rmask = rows < end
+    return rows, rmask, rmask[:, None] & cmask[None, :], rows[:, None].to(tl.int64) * C + cols[None, :]
+
+
+@triton.jit
+def parts_tile(parts, num_parts, cols, cmask, C):
+    """Rows `parts` of a [num_parts, C] matrix of partial results at columns `cols`: the tile's
+    mask and its element offsets."""
+    return (parts < num_parts)[:, None] & cmask[None, :], parts[:, None] * C + cols[None, :]
+
+
 # Partial rows one program of a second stage reads per iteration: the first stages write some
 # hundreds of rows (a few programs per multiprocessor), which one row at a time left the second
 # stage waiting on memory latency (2.5 ms of ConvNeXt-T's 46 ms step on an H200, 54 launches).
@@ -54,7 +72,6 @@ def sum_parts(part_ptr, num_parts, C, out_ptr, BLOCK_C: tl.constexpr, BLOCK_P: t
     cmask = cols < C
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for p0 in range(0, num_parts, BLOCK_P):
-        parts = p0 + tl.arange(0, BLOCK_P)
-        mask = (parts < num_parts)[:, None] & cmask[None, :]
-        acc += tl.load(part_ptr + parts[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        mask, offs = parts_tile(p0 + tl.arange(0, BLOCK_P), num_parts, cols, cmask, C)
+        acc += tl.load(part_ptr + offs, mask=mask, other=0.0)
     tl.store(out_ptr + cols, tl.sum(acc, axis=0), mask=cmask)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from bn_act import BLOCK_C
-from launch import BLOCK_P, cdiv, check_args, sum_parts
+from launch import BLOCK_P, cdiv, check_args, row_tile, sum_parts
 
 # Elements of one program's tile; its widths, W, are the powers of two from WIDTHS[0] to
 # WIDTHS[-1] (channel counts above that run the unfused LayerNorm).
@@ -43,12 +43,9 @@ def num_warps(width):
 def ln_forward(x_ptr, weight_ptr, bias_ptr, y_ptr, mean_ptr, rstd_ptr, M, C, eps,
                BLOCK_M: tl.constexpr, W: tl.constexpr):
     """y = (x - mean)·rstd·w + b per row, with each row's mean and rstd kept for backward."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, W)
-    rmask = rows < M
     cmask = cols < C
-    mask = rmask[:, None] & cmask[None, :]
-    offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+    rows, rmask, mask, offs = row_tile(tl.program_id(0) * BLOCK_M, M, cols, cmask, C, BLOCK_M)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     mean = tl.sum(x, axis=1) / C
     d = tl.where(mask, x - mean[:, None], 0.0)
@@ -75,10 +72,7 @@ def ln_backward_partial(dy_ptr, x_ptr, weight_ptr, mean_ptr, rstd_ptr, dx_ptr, p
     acc_dw = tl.zeros([W], dtype=tl.float32)
     acc_db = tl.zeros([W], dtype=tl.float32)
     for start in range(0, rows_per_prog, BLOCK_M):
-        rows = row0 + start + tl.arange(0, BLOCK_M)
-        rmask = rows < row_end
-        mask = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+        rows, rmask, mask, offs = row_tile(row0 + start, row_end, cols, cmask, C, BLOCK_M)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)

@@ -23,19 +23,16 @@ import triton
 import triton.language as tl
 
 from bn_act import BLOCK_C, BLOCK_M, NUM_WARPS, reduction_plan
-from launch import BLOCK_P, cdiv, check_args, sum_parts
+from launch import BLOCK_P, cdiv, check_args, row_tile, sum_parts
 
 
 @triton.jit
 def scale_add_forward(z_ptr, stream_ptr, gamma_ptr, keep_ptr, out_ptr, M, C, rows_per_sample,
                       BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """out = stream + (γ·z)·keep, in fp32, the products in eager's order."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    rmask = rows < M
     cmask = cols < C
-    mask = rmask[:, None] & cmask[None, :]
-    offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+    rows, rmask, mask, offs = row_tile(tl.program_id(0) * BLOCK_M, M, cols, cmask, C, BLOCK_M)
     z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(stream_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     gamma = tl.load(gamma_ptr + cols, mask=cmask, other=0.0)
@@ -56,10 +53,7 @@ def scale_add_backward_partial(dout_ptr, z_ptr, gamma_ptr, keep_ptr, dz_ptr, par
     row_end = tl.minimum(row0 + rows_per_prog, M)
     acc = tl.zeros([BLOCK_C], dtype=tl.float32)
     for start in range(0, rows_per_prog, BLOCK_M):
-        rows = row0 + start + tl.arange(0, BLOCK_M)
-        rmask = rows < row_end
-        mask = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None].to(tl.int64) * C + cols[None, :]
+        rows, rmask, mask, offs = row_tile(row0 + start, row_end, cols, cmask, C, BLOCK_M)
         g = tl.load(dout_ptr + offs, mask=mask, other=0.0) * tl.load(keep_ptr + rows // rows_per_sample, mask=rmask,
                                                                        other=0.0)[:, None]
         z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -99,5 +93,6 @@ def backward(dout2d, z2d, gamma, keep, rows_per_sample, sm_count, launch=run):
            [("dout", dout2d), ("z", z2d), ("gamma", gamma), ("keep", keep), ("dz", dz), ("part_dgamma", part),
             ("M", M), ("C", C), ("rows_per_sample", rows_per_sample), ("rows_per_prog", rows)],
            BLOCK_M=BLOCK_M)
-    launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", dgamma)], BLOCK_P=BLOCK_P)
+    launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", dgamma)],
+           BLOCK_P=BLOCK_P)
     return dz, dgamma

@@ -127,5 +127,6 @@ def main():
         tally.add(*case((4, 25, 27, 67), z_dtype, torch.float32, True, 25, seed=900 + tally.cases), z_dtype)
     tally.report()
 
+
 if __name__ == "__main__":
     main()

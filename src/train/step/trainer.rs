@@ -449,7 +449,7 @@ impl Trainer {
 
 /// The model's options, with the fused normalisation kernels resolved: `--fused-norm` as given,
 /// kept only where its kernels can run (said once if not); without the flag, on where GPU runs
-/// showed them faster and equal (`fused::on_by_default`: ResNets so far), silently off elsewhere.
+/// showed them faster and equal (`fused::on_by_default`: ResNets and ConvNeXts), silently off elsewhere.
 fn model_options(cfg: &TrainConfig, device: Device) -> Result<crate::model::ModelOptions> {
     use crate::model::kind::Arch;
     let mut opts = cfg.model_options();
