@@ -27,7 +27,7 @@ fn compile_kernels() {
     };
     println!("cargo:warning={why}: building without fused kernels");
     std::fs::create_dir_all(&out).unwrap();
-    let empty = "pub const TRITON_VERSION: &str = \"\";\npub const BLOCK_M: i64 = 0;\npub const BLOCK_C: i64 = 0;\n\
+    let empty = "pub const TRITON_VERSION: &str = \"\";\n\
                  pub const LN_PLAN: LayerNormPlan = LayerNormPlan { tile: 0, programs_per_sm: 0, min_width: 0, \
                  max_width: 0 };\npub static KERNELS: &[KernelImage] = &[];\n";
     std::fs::write(out.join("fused_kernels.rs"), empty).unwrap();

@@ -676,30 +676,35 @@ def main():
 
     b.check("sigterm_then_resume", "correctness", sigterm_resume)
 
-    def train_cuda_graphs():
+    def train_cuda_graphs(fused=False):
         # A training run whose steps after the 3 eager ones replay one captured CUDA graph,
         # against the same run eager: fp32 without TF32, deterministic kernels, so both run the
         # same kernels on the same data (the CPU test of the captured step finds them bit-identical).
-        # A dry run checks the refusal on the CPU.
-        run = lambda name, *extra, **kw: small(out / f"graphs-{name}", "resnet10-tiny", "--amp", "off",
-                                               "--deterministic", "true", *extra, epochs=1, batch=32, long=True, **kw)
+        # With `fused`, both sides run the fused BatchNorm kernels (channels_last), which the graph
+        # must then capture: they may not fall back. A dry run checks the refusal on the CPU.
+        extra = ["--channels-last", "--fused-norm"] if fused else []
+        tag = "-fused" if fused else ""
+        run = lambda name, *more, **kw: small(out / f"graphs{tag}-{name}", "resnet10-tiny", "--amp", "off",
+                                              "--deterministic", "true", *extra, *more, epochs=1, batch=32, long=True,
+                                              **kw)
         if dry:
             text = b.ringtrain(*run("graphed", "--cuda-graphs"), expect_fail=True)
             if "--cuda-graphs needs a CUDA device" not in text:
                 raise Failed(f"--cuda-graphs on the CPU: {text.strip()[-200:]}")
             return {"refused_on_cpu": True}
         b.ringtrain(*run("init", "--momentum", 0, lr="1e-30"), env=fp32)
-        b.ringtrain(*run("eager"), env=fp32)
-        b.ringtrain(*run("graphed", "--cuda-graphs"), env=fp32)
-        w = {n: weights(out / f"graphs-{n}") for n in ("init", "eager", "graphed")}
+        texts = [b.ringtrain(*run("eager"), env=fp32), b.ringtrain(*run("graphed", "--cuda-graphs"), env=fp32)]
+        w = {n: weights(out / f"graphs{tag}-{n}") for n in ("init", "eager", "graphed")}
         found = {"graphed_vs_eager": rel_diff(w["graphed"], w["eager"], w["eager"], w["init"]), "bound": LENET_SAME,
                  "bit_identical": all(torch.equal(w["graphed"][k], w["eager"][k]) for k in w["eager"]),
-                 "steps": long_steps}
-        if found["graphed_vs_eager"] > LENET_SAME:
-            raise Failed("the CUDA-graph run is not the eager run", **found)
+                 "steps": long_steps,
+                 "fell_back": [l for t in texts for l in t.splitlines() if l.startswith("--fused-norm:")]}
+        if found["graphed_vs_eager"] > LENET_SAME or found["fell_back"]:
+            raise Failed("the CUDA-graph run is not the eager run, or the fused kernels fell back", **found)
         return found
 
     b.check("train_cuda_graphs", "correctness", train_cuda_graphs)
+    b.check("train_cuda_graphs_fused_norm", "correctness", lambda: train_cuda_graphs(fused=True))
 
     def fused_numerics():
         # The compiled fused BatchNorm (+ add) + ReLU kernels on this GPU, forward and backward,
@@ -804,8 +809,8 @@ def main():
         if model == "resnet18-cifar":
             # The step as one CUDA graph against eager PyTorch (same run) and torch.compile's
             # CUDA-graph mode. A dry run on the CPU checks the flag is refused there, clearly.
-            def graphed(common=common):
-                args = [*common, "--amp", "bf16", "--channels-last", "true", "--cuda-graphs"]
+            def graphed(common=common, fused="false"):
+                args = [*common, "--amp", "bf16", "--channels-last", "true", "--cuda-graphs", "--fused-norm", fused]
                 if dry:
                     text = b.run([str(b.bin), *map(str, args)], expect_fail=True)
                     if "--cuda-graphs needs a CUDA device" not in text:
@@ -814,6 +819,7 @@ def main():
                 return bench_figures(b.ringtrain(*args, "--vs-pytorch", "--python", b.python),
                                      vs_pytorch=True, memory=True)
             b.check(f"step_{model}_bf16_cuda_graphs", "speed", graphed)
+            b.check(f"step_{model}_bf16_cuda_graphs_fused_norm", "speed", lambda: graphed(fused="true"))
 
             def reduce_overhead(model=model, batch=batch, img=img, n=n, warm=warm):
                 env = {"TORCH_STEP_COMPILE": "1", "TORCH_STEP_COMPILE_MODE": "reduce-overhead",
@@ -905,6 +911,16 @@ def main():
             lambda: profiled("convnext_tiny", 128, 224, ["--fused-norm", "false"]))
     b.check("profile_convnext_tiny_bf16_fused_norm", "speed",
             lambda: profiled("convnext_tiny", 128, 224, ["--fused-norm"], "-fused", compiled=False))
+
+    def fused_tiles():
+        # The fused BatchNorm kernels' tiles timed at ResNet-50's shapes (bench/fused_tiles.py):
+        # per kernel, ms per step in the build's tile and in the best tile tried. Dry: the same
+        # path under Triton's interpreter, untimed.
+        text = b.run([b.python, HERE / "fused_tiles.py", *(["--dry"] if dry else []),
+                      "--out", out / "fused-tiles.json"])
+        return json.loads(text.strip().splitlines()[-1])
+
+    b.check("fused_tiles", "speed", fused_tiles)
 
     shared = HERE / "shared" / "bench_loader.py"
     if shared.is_file() and not dry:

@@ -43,28 +43,32 @@ def variants():
         out.append(dict(name=name, module=module, kernel=kernel, dt=dt, aligned=aligned, constexprs=constexprs,
                         num_warps=warps, stream_dt=stream_dt))
 
-    bn = dict(BLOCK_M=bn_act.BLOCK_M, BLOCK_C=bn_act.BLOCK_C)
+    def bn(kernel):  # the kernel's tile (kernels/bn_act.py's tile)
+        return dict(zip(("BLOCK_M", "BLOCK_C"), bn_act.tile(kernel)))
+
     for kernel in ("bn_stats_finalize", "bn_act_backward_finalize"):
-        add(kernel, "bn_act", kernel, None, False, dict(bn, BLOCK_P=launch.BLOCK_P), bn_act.NUM_WARPS)
+        add(kernel, "bn_act", kernel, None, False, dict(BLOCK_C=bn(kernel)["BLOCK_C"], BLOCK_P=launch.BLOCK_P),
+            bn_act.NUM_WARPS)
     for kernel in ("bn_stats_partial", "bn_act_backward_partial", "bn_act_forward", "bn_act_backward"):
         with_res = kernel != "bn_stats_partial"
         for dt in DTYPES:
             for res in ((False, True) if with_res else (None,)):
                 for aligned in (False, True):
                     name = kernel + "." + dt + (".res" if res else "") + (".a16" if aligned else "")
-                    constexprs = dict(bn, HAS_RES=bool(res)) if with_res else bn
+                    constexprs = dict(bn(kernel), HAS_RES=bool(res)) if with_res else bn(kernel)
                     add(name, "bn_act", kernel, dt, aligned, constexprs, bn_act.NUM_WARPS)
-    add("sum_parts", "launch", "sum_parts", None, False, dict(BLOCK_C=bn_act.BLOCK_C, BLOCK_P=launch.BLOCK_P),
-        bn_act.NUM_WARPS)
+    add("sum_parts", "launch", "sum_parts", None, False, dict(BLOCK_C=bn("sum_parts")["BLOCK_C"],
+                                                              BLOCK_P=launch.BLOCK_P), bn_act.NUM_WARPS)
     for dt in DTYPES:
         for aligned in (False, True):
             a16 = ".a16" if aligned else ""
-            add(f"scale_add_backward_partial.{dt}{a16}", "scale_add", "scale_add_backward_partial", dt, aligned, bn,
-                bn_act.NUM_WARPS)
+            kernel = "scale_add_backward_partial"
+            add(f"{kernel}.{dt}{a16}", "scale_add", kernel, dt, aligned, bn(kernel), bn_act.NUM_WARPS)
             # The residual stream: in the activations' dtype, or fp32.
             for stream in sorted({dt, "f32"}):
-                add(f"scale_add_forward.{dt}.{stream}{a16}", "scale_add", "scale_add_forward", dt, aligned, bn,
-                    bn_act.NUM_WARPS, stream)
+                kernel = "scale_add_forward"
+                add(f"{kernel}.{dt}.{stream}{a16}", "scale_add", kernel, dt, aligned, bn(kernel), bn_act.NUM_WARPS,
+                    stream)
     for kernel in ("ln_forward", "ln_backward_partial"):
         for dt in DTYPES:
             for w in ln.WIDTHS:
@@ -138,7 +142,8 @@ def compile_one(job):
             # cuModuleLoadData reads PTX as a C string
             f.write(gzip.compress(k.asm["ptx"].encode() + b"\0", mtime=0))
         files.append(("ptx", path))
-    return [(name, arch, form, path, k.metadata.name, k.metadata.num_warps, k.metadata.shared, expected)
+    tile = (v["constexprs"].get("BLOCK_M", 0), v["constexprs"].get("BLOCK_C", 0))
+    return [(name, arch, form, path, k.metadata.name, k.metadata.num_warps, k.metadata.shared, expected, *tile)
             for form, path in files]
 
 
@@ -160,17 +165,15 @@ def main(out_dir):
     lines = [
         "// Written by build_support/compile_kernels.py when ringtrain was built; do not edit.",
         f"pub const TRITON_VERSION: &str = {triton.__version__!r};".replace("'", '"'),
-        f"pub const BLOCK_M: i64 = {bn_act.BLOCK_M};",
-        f"pub const BLOCK_C: i64 = {bn_act.BLOCK_C};",
         f"pub const LN_PLAN: LayerNormPlan = LayerNormPlan {{ tile: {ln.TILE}, programs_per_sm: {ln.PROGRAMS_PER_SM}, "
         f"min_width: {ln.WIDTHS[0]}, max_width: {ln.WIDTHS[-1]} }};",
         "pub static KERNELS: &[KernelImage] = &[",
     ]
-    for name, arch, form, path, symbol, warps, shared, params in built:
+    for name, arch, form, path, symbol, warps, shared, params, block_m, block_c in built:
         lines.append(
             f'    KernelImage {{ variant: "{name}", arch: {arch}, ptx: {str(form == "ptx").lower()}, '
             f'symbol: "{symbol}", num_warps: {warps}, shared_bytes: {shared}, params: {params}, '
-            f'image_gz: include_bytes!({path!r}) }},'.replace("'", '"'))
+            f'block_m: {block_m}, block_c: {block_c}, image_gz: include_bytes!({path!r}) }},'.replace("'", '"'))
     lines.append("];")
     with open(os.path.join(out_dir, "fused_kernels.rs"), "w") as f:
         f.write("\n".join(lines) + "\n")

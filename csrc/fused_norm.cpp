@@ -28,6 +28,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #ifdef RT_WITH_CUDA
@@ -41,16 +42,29 @@ using torch::autograd::variable_list;
 // ---- the kernel images (static data of the binary), registered once from Rust.
 const rt_kernel_image* g_images = nullptr;
 int g_n_images = 0;
-int64_t g_block_m = 0, g_block_c = 0;
+
+// A kernel's tile (rows, channels), by its name without the variant's suffixes: every variant of
+// a kernel has the same (kernels/bn_act.py's tile). g_max_rows: the tallest.
+struct Tile {
+  int64_t m = 0, c = 0;
+};
+std::unordered_map<std::string, Tile> g_tiles;
+int64_t g_max_rows = 0;
+
+Tile tile(const std::string& kernel) {
+  auto it = g_tiles.find(kernel);
+  if (it == g_tiles.end() || it->second.c == 0) throw std::runtime_error("no tile for fused kernel " + kernel);
+  return it->second;
+}
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // kernels/bn_act.py's reduction_plan: about four programs per multiprocessor, each a whole
-// number of BLOCK_M tiles.
-std::pair<int64_t, int64_t> reduction_plan(int64_t M, int64_t C, int64_t sm_count) {
-  const int64_t c_blocks = cdiv(C, g_block_c);
-  const int64_t parts = std::max<int64_t>(1, std::min(cdiv(M, g_block_m), cdiv(4 * sm_count, c_blocks)));
-  const int64_t rows = cdiv(cdiv(M, parts), g_block_m) * g_block_m;
+// number of the first stage's row tiles.
+std::pair<int64_t, int64_t> reduction_plan(int64_t M, int64_t C, int64_t sm_count, const std::string& kernel) {
+  const Tile t = tile(kernel);
+  const int64_t parts = std::max<int64_t>(1, std::min(cdiv(M, t.m), cdiv(4 * sm_count, cdiv(C, t.c))));
+  const int64_t rows = cdiv(cdiv(M, parts), t.m) * t.m;
   return {cdiv(M, rows), rows};
 }
 
@@ -343,23 +357,24 @@ struct BnRelu : public torch::autograd::Function<BnRelu> {
     auto x2 = rows_of(x);
     auto res2 = has_res ? rows_of(residual) : x2;
     const int64_t M = x2.size(0), C = x2.size(1);
-    const auto [parts, rows] = reduction_plan(M, C, L.sm_count());
+    const auto [parts, rows] = reduction_plan(M, C, L.sm_count(), "bn_stats_partial");
     const auto f32 = x.options().dtype(at::kFloat);
     auto part_mean = at::empty({parts, C}, f32), part_m2 = at::empty({parts, C}, f32);
     auto mean = at::empty({C}, f32), invstd = at::empty({C}, f32);
     const auto dt = x.scalar_type();
     std::vector<Arg> a = {P("x", x2), P("part_mean", part_mean), P("part_m2", part_m2), I("M", M), I("C", C),
                           I("rows_per_prog", rows)};
-    L.launch(variant("bn_stats_partial", true, dt, false, C, a), parts, cdiv(C, g_block_c), a);
+    L.launch(variant("bn_stats_partial", true, dt, false, C, a), parts, cdiv(C, tile("bn_stats_partial").c), a);
     a = {P("part_mean", part_mean), P("part_m2", part_m2), I("num_parts", parts), I("rows_per_prog", rows),
          I("M", M), I("C", C), P("mean", mean), P("invstd", invstd), P("running_mean", running_mean),
          P("running_var", running_var), F("momentum", momentum), F("eps", eps)};
-    L.launch(variant("bn_stats_finalize", false, dt, false, C, a), cdiv(C, g_block_c), 1, a);
+    L.launch(variant("bn_stats_finalize", false, dt, false, C, a), cdiv(C, tile("bn_stats_finalize").c), 1, a);
     auto y = at::empty_like(x);  // channels_last, as x
     auto y2 = rows_of(y);
     a = {P("x", x2), P("res", res2), P("mean", mean), P("invstd", invstd), P("weight", weight),
          P("bias", bias), P("y", y2), I("M", M), I("C", C)};
-    L.launch(variant("bn_act_forward", true, dt, has_res, C, a), cdiv(M, g_block_m), cdiv(C, g_block_c), a);
+    const Tile t = tile("bn_act_forward");
+    L.launch(variant("bn_act_forward", true, dt, has_res, C, a), cdiv(M, t.m), cdiv(C, t.c), a);
     ctx->save_for_backward({x, y, mean, invstd, weight});
     ctx->saved_data["has_res"] = has_res;
     ctx->saved_data["launcher"] = launcher_ptr;
@@ -375,7 +390,7 @@ struct BnRelu : public torch::autograd::Function<BnRelu> {
     auto dy = grad_outputs[0].contiguous(at::MemoryFormat::ChannelsLast).to(x.scalar_type());
     auto x2 = rows_of(x), y2 = rows_of(y), dy2 = rows_of(dy);
     const int64_t M = x2.size(0), C = x2.size(1);
-    const auto [parts, rows] = reduction_plan(M, C, L.sm_count());
+    const auto [parts, rows] = reduction_plan(M, C, L.sm_count(), "bn_act_backward_partial");
     const auto f32 = x.options().dtype(at::kFloat);
     auto part_g = at::empty({parts, C}, f32), part_gx = at::empty({parts, C}, f32);
     auto dw = at::empty({C}, f32), db = at::empty({C}, f32);
@@ -387,13 +402,16 @@ struct BnRelu : public torch::autograd::Function<BnRelu> {
     std::vector<Arg> a = {P("dy", dy2), P("y", y2), P("x", x2), P("mean", mean), P("dres", dres2),
                           P("part_g", part_g), P("part_gx", part_gx), I("M", M), I("C", C),
                           I("rows_per_prog", rows)};
-    L.launch(variant("bn_act_backward_partial", true, dt, has_res, C, a), parts, cdiv(C, g_block_c), a);
+    L.launch(variant("bn_act_backward_partial", true, dt, has_res, C, a), parts,
+             cdiv(C, tile("bn_act_backward_partial").c), a);
     a = {P("part_g", part_g), P("part_gx", part_gx), I("num_parts", parts), I("C", C), P("invstd", invstd),
          P("dw", dw), P("db", db)};
-    L.launch(variant("bn_act_backward_finalize", false, dt, false, C, a), cdiv(C, g_block_c), 1, a);
+    L.launch(variant("bn_act_backward_finalize", false, dt, false, C, a), cdiv(C, tile("bn_act_backward_finalize").c),
+             1, a);
     a = {P("dy", dy2), P("y", y2), P("x", x2), P("mean", mean), P("invstd", invstd), P("weight", weight),
          P("dw", dw), P("db", db), P("dx", dx2), P("dres", dres2), I("M", M), I("C", C)};
-    L.launch(variant("bn_act_backward", true, dt, has_res, C, a), cdiv(M, g_block_m), cdiv(C, g_block_c), a);
+    const Tile t = tile("bn_act_backward");
+    L.launch(variant("bn_act_backward", true, dt, has_res, C, a), cdiv(M, t.m), cdiv(C, t.c), a);
     return {dx, dw.to(weight.scalar_type()), db.to(weight.scalar_type()), dres, at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -403,7 +421,7 @@ struct BnRelu : public torch::autograd::Function<BnRelu> {
 void sum_parts(Launcher& L, const at::Tensor& part, const at::Tensor& out) {
   const int64_t C = part.size(1);
   std::vector<Arg> a = {P("part", part), I("num_parts", part.size(0)), I("C", C), P("out", out)};
-  L.launch("sum_parts", cdiv(C, g_block_c), 1, a);
+  L.launch("sum_parts", cdiv(C, tile("sum_parts").c), 1, a);
 }
 
 // kernels/layer_norm.py's forward and backward: x is [.., C], contiguous; [M, C] to the kernels.
@@ -458,9 +476,10 @@ struct ScaleAddFn : public torch::autograd::Function<ScaleAddFn> {
     auto out = at::empty_like(stream, stream.options().dtype(at::kFloat), at::MemoryFormat::ChannelsLast);
     std::vector<Arg> a = {P("z", z.view({M, C})), P("stream", rows_of(stream)), P("gamma", gamma), P("keep", keep),
                           P("out", rows_of(out)), I("M", M), I("C", C), I("rows_per_sample", per_sample)};
+    const Tile t = tile("scale_add_forward");
     L.launch(std::string("scale_add_forward.") + dtype_key(z.scalar_type()) + "." + dtype_key(stream.scalar_type()) +
                  (aligned(C, a) ? ".a16" : ""),
-             cdiv(M, g_block_m), cdiv(C, g_block_c), a);
+             cdiv(M, t.m), cdiv(C, t.c), a);
     ctx->save_for_backward({z, gamma, keep});
     ctx->saved_data["launcher"] = launcher_ptr;
     return out;
@@ -473,7 +492,7 @@ struct ScaleAddFn : public torch::autograd::Function<ScaleAddFn> {
     auto z = saved[0], gamma = saved[1], keep = saved[2];
     const int64_t C = z.size(3), M = z.numel() / C, per_sample = z.size(1) * z.size(2);
     auto dout = grad_outputs[0].to(at::kFloat).contiguous(at::MemoryFormat::ChannelsLast);
-    const auto [parts, rows] = reduction_plan(M, C, L.sm_count());
+    const auto [parts, rows] = reduction_plan(M, C, L.sm_count(), "scale_add_backward_partial");
     const auto f32 = z.options().dtype(at::kFloat);
     auto part = at::empty({parts, C}, f32), dgamma = at::empty({C}, f32);
     auto dz = at::empty_like(z, at::MemoryFormat::Contiguous);
@@ -481,7 +500,7 @@ struct ScaleAddFn : public torch::autograd::Function<ScaleAddFn> {
                           P("dz", dz.view({M, C})), P("part_dgamma", part), I("M", M), I("C", C),
                           I("rows_per_sample", per_sample), I("rows_per_prog", rows)};
     L.launch(std::string("scale_add_backward_partial.") + dtype_key(z.scalar_type()) + (aligned(C, a) ? ".a16" : ""),
-             parts, cdiv(C, g_block_c), a);
+             parts, cdiv(C, tile("scale_add_backward_partial").c), a);
     sum_parts(L, part, dgamma);
     // The stream's gradient is the upstream one (autograd casts it to the stream's dtype).
     return {dz, grad_outputs[0], dgamma.view(gamma.sizes()), at::Tensor(), at::Tensor()};
@@ -502,7 +521,7 @@ const char* scale_add_not_covered(const at::Tensor& z, const at::Tensor& stream,
   if (stream.scalar_type() != z.scalar_type() && stream.scalar_type() != at::kFloat)
     return "the block's input is neither fp32 nor in its output's dtype";
   if (z.numel() == 0) return "an empty input";
-  if (z.numel() / z.size(3) >= (int64_t(1) << 31) - g_block_m) return "more than 2^31 rows";
+  if (z.numel() / z.size(3) >= (int64_t(1) << 31) - g_max_rows) return "more than 2^31 rows";
   if (!gamma.defined() || gamma.scalar_type() != at::kFloat || gamma.numel() != z.size(3) || !gamma.is_contiguous() ||
       gamma.device() != z.device())
     return "the layer scale is not an fp32 vector on the input's device";
@@ -576,7 +595,7 @@ const char* not_covered(const at::Tensor& x, const at::Tensor& w, const at::Tens
   if (!dtype_key(x.scalar_type())) return "the input is not fp16, bf16 or fp32";
   const int64_t C = x.size(1), M = x.numel() / std::max<int64_t>(C, 1);
   if (M < 2) return "one value per channel";
-  if (M >= (int64_t(1) << 31) - g_block_m) return "more than 2^31 rows";
+  if (M >= (int64_t(1) << 31) - g_max_rows) return "more than 2^31 rows";
   for (const at::Tensor* p : {&w, &b, &rm, &rv}) {
     if (!p->defined() || p->scalar_type() != at::kFloat || p->numel() != C || !p->is_contiguous() ||
         p->device() != x.device())
@@ -592,11 +611,14 @@ const char* not_covered(const at::Tensor& x, const at::Tensor& w, const at::Tens
 
 extern "C" {
 
-int rt_fused_set_images(const rt_kernel_image* images, int n, int64_t block_m, int64_t block_c) {
+int rt_fused_set_images(const rt_kernel_image* images, int n) {
   g_images = images;
   g_n_images = n;
-  g_block_m = block_m;
-  g_block_c = block_c;
+  for (int i = 0; i < n; ++i) {
+    const std::string v = images[i].variant;
+    g_tiles[v.substr(0, v.find('.'))] = Tile{images[i].block_m, images[i].block_c};
+    g_max_rows = std::max<int64_t>(g_max_rows, images[i].block_m);
+  }
   return 0;
 }
 

@@ -180,9 +180,8 @@ void rt_record_end(rt_record* r);
 // ---- Fused BatchNorm (+ residual) + ReLU for channels_last training, LayerNorm, and ConvNeXt's
 // block end (fused_norm.cpp): the Triton kernels compiled when ringtrain was built, launched
 // through the CUDA driver.
-// The images are static data of the binary, registered once (block_m, block_c: the kernels'
-// tile, kernels/bn_act.py). arch: 80, 90, 100 (major·10 + minor); ptx != 0 for PTX text
-// (NUL-terminated), else a cubin.
+// The images are static data of the binary, registered once. arch: 80, 90, 100 (major·10 +
+// minor); ptx != 0 for PTX text (NUL-terminated), else a cubin.
 typedef struct {
   const char* variant;  // e.g. "bn_act_forward.f16.res.a16"
   int arch;
@@ -191,9 +190,11 @@ typedef struct {
   int num_warps;
   int shared_bytes;
   int params;  // what the kernel takes, Triton's two scratch pointers included
+  int block_m;  // the tile it was compiled for (kernels/bn_act.py's tile), 0 where it has none
+  int block_c;
   const unsigned char* image;
 } rt_kernel_image;
-int rt_fused_set_images(const rt_kernel_image* images, int n, int64_t block_m, int64_t block_c);
+int rt_fused_set_images(const rt_kernel_image* images, int n);
 // Loads the kernels for `device` (once) and returns its compute capability (major·10 + minor);
 // -1 and the error when they cannot run there.
 int rt_fused_prepare(int device);

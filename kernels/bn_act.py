@@ -23,16 +23,29 @@ These kernels are compiled ahead of time, for sm_80, sm_90 and sm_100, when ring
 orchestration of `forward` and `backward` below. The test suite runs this file's kernels under
 TRITON_INTERPRET=1 on the CPU against PyTorch's unfused operations (tests/py/fused_bn_act.py).
 """
+import inspect
+
 import triton
 import triton.language as tl
 
 from launch import BLOCK_P, cdiv, check_args, parts_tile, row_tile
 
 # Tile of the [M, C] matrix one program handles per iteration: 64 channels (128 bytes of fp16 per
-# row, one coalesced segment) by 64 rows. The C++ side reads these through the kernel table.
+# row, one coalesced segment) by 64 rows, for every kernel here and in scale_add.py but those of
+# TILES. The build writes each kernel's tile into the kernel table, where the C++ side reads it.
 BLOCK_M = 64
 BLOCK_C = 64
 NUM_WARPS = 4
+# (BLOCK_M, BLOCK_C) where another tile was faster: bench/fused_tiles.py timed ten tiles at
+# ResNet-50's shapes on an H200 (docs/BENCHMARKS.md). The statistics' pass reads 128 rows per
+# iteration (1.6x as fast over a step), the two pointwise kernels 32 rows of 128 channels
+# (forward 11 %, backward 8 % faster).
+TILES = {"bn_stats_partial": (128, 64), "bn_act_forward": (32, 128), "bn_act_backward": (32, 128)}
+
+
+def tile(kernel):
+    """(BLOCK_M, BLOCK_C) of the kernel named `kernel`."""
+    return TILES.get(kernel, (BLOCK_M, BLOCK_C))
 
 
 @triton.jit
@@ -187,20 +200,27 @@ def bn_act_backward(dy_ptr, y_ptr, x_ptr, mean_ptr, invstd_ptr, weight_ptr, dw_p
 
 
 # ---- the orchestration (csrc/fused_norm.cpp does the same with the compiled kernels) ----------
-def reduction_plan(M, C, sm_count):
-    """(num_parts, rows_per_prog) of the two-stage reductions: about four programs per
-    multiprocessor, each a whole number of BLOCK_M tiles."""
-    c_blocks = cdiv(C, BLOCK_C)
-    parts = max(1, min(cdiv(M, BLOCK_M), cdiv(4 * sm_count, c_blocks)))
-    rows = cdiv(cdiv(M, parts), BLOCK_M) * BLOCK_M
+def reduction_plan(M, C, sm_count, kernel):
+    """(num_parts, rows_per_prog) of a two-stage reduction whose first stage is `kernel`: about
+    four programs per multiprocessor, each a whole number of the kernel's row tiles."""
+    block_m, block_c = tile(kernel)
+    parts = max(1, min(cdiv(M, block_m), cdiv(4 * sm_count, cdiv(C, block_c))))
+    rows = cdiv(cdiv(M, parts), block_m) * block_m
     return cdiv(M, rows), rows
+
+
+def tile_constexprs(kernel):
+    """The tile's constexprs `kernel` takes (the second stages take only BLOCK_C)."""
+    params = inspect.signature(kernel.fn).parameters
+    return {n: v for n, v in zip(("BLOCK_M", "BLOCK_C"), tile(kernel.fn.__name__)) if n in params}
 
 
 def run(kernel, grid, args, **constexprs):
     """Launches `kernel` over `grid` with `args`, a list of (name, value) in its parameters'
-    order, named as csrc/fused_norm.cpp names them (the launches its test compares)."""
+    order, named as csrc/fused_norm.cpp names them (the launches its test compares), in the
+    kernel's tile."""
     check_args(kernel, args)
-    kernel[grid](*[v for _, v in args], BLOCK_C=BLOCK_C, num_warps=NUM_WARPS, **constexprs)
+    kernel[grid](*[v for _, v in args], num_warps=NUM_WARPS, **tile_constexprs(kernel), **constexprs)
 
 
 def forward(x2d, res2d, w, b, running_mean, running_var, momentum, eps, sm_count, launch=run):
@@ -208,23 +228,23 @@ def forward(x2d, res2d, w, b, running_mean, running_var, momentum, eps, sm_count
     updates the running statistics in place."""
     import torch
     M, C = x2d.shape
-    parts, rows = reduction_plan(M, C, sm_count)
+    parts, rows = reduction_plan(M, C, sm_count, "bn_stats_partial")
     f32 = dict(dtype=torch.float32, device=x2d.device)
     part_mean, part_m2 = torch.empty(parts, C, **f32), torch.empty(parts, C, **f32)
     mean, invstd = torch.empty(C, **f32), torch.empty(C, **f32)
-    launch(bn_stats_partial, (parts, cdiv(C, BLOCK_C)),
-           [("x", x2d), ("part_mean", part_mean), ("part_m2", part_m2), ("M", M), ("C", C), ("rows_per_prog", rows)],
-           BLOCK_M=BLOCK_M)
-    launch(bn_stats_finalize, (cdiv(C, BLOCK_C), 1),
+    launch(bn_stats_partial, (parts, cdiv(C, tile("bn_stats_partial")[1])),
+           [("x", x2d), ("part_mean", part_mean), ("part_m2", part_m2), ("M", M), ("C", C), ("rows_per_prog", rows)])
+    launch(bn_stats_finalize, (cdiv(C, tile("bn_stats_finalize")[1]), 1),
            [("part_mean", part_mean), ("part_m2", part_m2), ("num_parts", parts), ("rows_per_prog", rows), ("M", M),
             ("C", C), ("mean", mean), ("invstd", invstd), ("running_mean", running_mean),
             ("running_var", running_var), ("momentum", momentum), ("eps", eps)], BLOCK_P=BLOCK_P)
     y = torch.empty_like(x2d)
     has_res = res2d is not None
-    launch(bn_act_forward, (cdiv(M, BLOCK_M), cdiv(C, BLOCK_C)),
+    block_m, block_c = tile("bn_act_forward")
+    launch(bn_act_forward, (cdiv(M, block_m), cdiv(C, block_c)),
            [("x", x2d), ("res", res2d if has_res else x2d), ("mean", mean), ("invstd", invstd),
             ("weight", w), ("bias", b), ("y", y), ("M", M), ("C", C)],
-           HAS_RES=has_res, BLOCK_M=BLOCK_M)
+           HAS_RES=has_res)
     return y, mean, invstd
 
 
@@ -232,21 +252,22 @@ def backward(dy2d, y2d, x2d, mean, invstd, w, has_res, sm_count, launch=run):
     """Returns dx, dw, db and the residual's gradient (None without a residual)."""
     import torch
     M, C = x2d.shape
-    parts, rows = reduction_plan(M, C, sm_count)
+    parts, rows = reduction_plan(M, C, sm_count, "bn_act_backward_partial")
     f32 = dict(dtype=torch.float32, device=x2d.device)
     part_g, part_gx = torch.empty(parts, C, **f32), torch.empty(parts, C, **f32)
     dw, db = torch.empty(C, **f32), torch.empty(C, **f32)
     dx = torch.empty_like(x2d)
     dres = torch.empty_like(x2d) if has_res else None
-    launch(bn_act_backward_partial, (parts, cdiv(C, BLOCK_C)),
+    launch(bn_act_backward_partial, (parts, cdiv(C, tile("bn_act_backward_partial")[1])),
            [("dy", dy2d), ("y", y2d), ("x", x2d), ("mean", mean), ("dres", dres if has_res else dx),
             ("part_g", part_g), ("part_gx", part_gx), ("M", M), ("C", C), ("rows_per_prog", rows)],
-           HAS_RES=has_res, BLOCK_M=BLOCK_M)
-    launch(bn_act_backward_finalize, (cdiv(C, BLOCK_C), 1),
+           HAS_RES=has_res)
+    launch(bn_act_backward_finalize, (cdiv(C, tile("bn_act_backward_finalize")[1]), 1),
            [("part_g", part_g), ("part_gx", part_gx), ("num_parts", parts), ("C", C), ("invstd", invstd),
             ("dw", dw), ("db", db)], BLOCK_P=BLOCK_P)
-    launch(bn_act_backward, (cdiv(M, BLOCK_M), cdiv(C, BLOCK_C)),
+    block_m, block_c = tile("bn_act_backward")
+    launch(bn_act_backward, (cdiv(M, block_m), cdiv(C, block_c)),
            [("dy", dy2d), ("y", y2d), ("x", x2d), ("mean", mean), ("invstd", invstd), ("weight", w), ("dw", dw),
             ("db", db), ("dx", dx), ("dres", dres if has_res else dx), ("M", M), ("C", C)],
-           HAS_RES=has_res, BLOCK_M=BLOCK_M)
+           HAS_RES=has_res)
     return dx, dw, db, dres

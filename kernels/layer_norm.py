@@ -24,7 +24,7 @@ kernels under TRITON_INTERPRET=1 against PyTorch (tests/py/fused_layer_norm.py).
 import triton
 import triton.language as tl
 
-from bn_act import BLOCK_C
+from bn_act import tile
 from launch import BLOCK_P, cdiv, check_args, row_tile, sum_parts
 
 # Elements of one program's tile; its widths, W, are the powers of two from WIDTHS[0] to
@@ -142,6 +142,7 @@ def backward(dy2d, x2d, w, mean, rstd, sm_count, launch=run):
             ("part_dw", part_dw), ("part_db", part_db), ("M", M), ("C", C), ("rows_per_prog", rows)],
            BLOCK_M=TILE // W, W=W)
     for part, out in ((part_dw, dw), (part_db, db)):
-        launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", out)],
-               BLOCK_C=BLOCK_C, BLOCK_P=BLOCK_P)
+        block_c = tile("sum_parts")[1]
+        launch(sum_parts, (cdiv(C, block_c), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", out)],
+               BLOCK_C=block_c, BLOCK_P=BLOCK_P)
     return dx, dw, db

@@ -11,8 +11,8 @@ promotion makes it. Counted in bytes per element with a bf16 z and an fp32 strea
   backward  eager: ·keep (4, 4), γ's product (4, 4), the cast of dz to bf16 (4, 2), γ's gradient
             (6 read, 4 written, then 4 read): 36. here: dout and z read, dz written: 8. The
             stream's gradient is dout itself in both.
-The tiles and the two-stage reduction of γ's gradient are kernels/bn_act.py's (its BLOCK_M,
-BLOCK_C and reduction_plan; the second stage kernels/launch.py's sum_parts): deterministic, no
+The tiles and the two-stage reduction of γ's gradient are kernels/bn_act.py's (its tile and
+reduction_plan; the second stage kernels/launch.py's sum_parts): deterministic, no
 atomics.
 
 Compiled ahead of time like the other kernels (build_support/compile_kernels.py) and launched
@@ -22,7 +22,7 @@ under TRITON_INTERPRET=1 against PyTorch (tests/py/fused_scale_add.py).
 import triton
 import triton.language as tl
 
-from bn_act import BLOCK_C, BLOCK_M, NUM_WARPS, reduction_plan
+from bn_act import NUM_WARPS, reduction_plan, tile, tile_constexprs
 from launch import BLOCK_P, cdiv, check_args, row_tile, sum_parts
 
 
@@ -64,9 +64,10 @@ def scale_add_backward_partial(dout_ptr, z_ptr, gamma_ptr, keep_ptr, dz_ptr, par
 
 # ---- the orchestration (csrc/fused_norm.cpp does the same with the compiled kernels) ----------
 def run(kernel, grid, args, **constexprs):
-    """Launches `kernel` over `grid` with `args`, (name, value) pairs in its parameters' order."""
+    """Launches `kernel` over `grid` with `args`, (name, value) pairs in its parameters' order,
+    in the kernel's tile."""
     check_args(kernel, args)
-    kernel[grid](*[v for _, v in args], BLOCK_C=BLOCK_C, num_warps=NUM_WARPS, **constexprs)
+    kernel[grid](*[v for _, v in args], num_warps=NUM_WARPS, **tile_constexprs(kernel), **constexprs)
 
 
 def forward(z2d, stream2d, gamma, keep, rows_per_sample, launch=run):
@@ -74,10 +75,10 @@ def forward(z2d, stream2d, gamma, keep, rows_per_sample, launch=run):
     import torch
     M, C = z2d.shape
     out = torch.empty(M, C, dtype=torch.float32, device=z2d.device)
-    launch(scale_add_forward, (cdiv(M, BLOCK_M), cdiv(C, BLOCK_C)),
+    block_m, block_c = tile("scale_add_forward")
+    launch(scale_add_forward, (cdiv(M, block_m), cdiv(C, block_c)),
            [("z", z2d), ("stream", stream2d), ("gamma", gamma), ("keep", keep), ("out", out), ("M", M), ("C", C),
-            ("rows_per_sample", rows_per_sample)],
-           BLOCK_M=BLOCK_M)
+            ("rows_per_sample", rows_per_sample)])
     return out
 
 
@@ -85,14 +86,13 @@ def backward(dout2d, z2d, gamma, keep, rows_per_sample, sm_count, launch=run):
     """Returns dz (z2d's dtype) and dγ [C] (fp32); the stream's gradient is dout2d itself."""
     import torch
     M, C = z2d.shape
-    parts, rows = reduction_plan(M, C, sm_count)
+    parts, rows = reduction_plan(M, C, sm_count, "scale_add_backward_partial")
     part = torch.empty(parts, C, dtype=torch.float32, device=z2d.device)
     dgamma = torch.empty(C, dtype=torch.float32, device=z2d.device)
     dz = torch.empty_like(z2d)
-    launch(scale_add_backward_partial, (parts, cdiv(C, BLOCK_C)),
+    launch(scale_add_backward_partial, (parts, cdiv(C, tile("scale_add_backward_partial")[1])),
            [("dout", dout2d), ("z", z2d), ("gamma", gamma), ("keep", keep), ("dz", dz), ("part_dgamma", part),
-            ("M", M), ("C", C), ("rows_per_sample", rows_per_sample), ("rows_per_prog", rows)],
-           BLOCK_M=BLOCK_M)
-    launch(sum_parts, (cdiv(C, BLOCK_C), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", dgamma)],
-           BLOCK_P=BLOCK_P)
+            ("M", M), ("C", C), ("rows_per_sample", rows_per_sample), ("rows_per_prog", rows)])
+    launch(sum_parts, (cdiv(C, tile("sum_parts")[1]), 1),
+           [("part", part), ("num_parts", parts), ("C", C), ("out", dgamma)], BLOCK_P=BLOCK_P)
     return dz, dgamma

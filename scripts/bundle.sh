@@ -11,6 +11,7 @@
 # DEST/bench/          the benchmark scripts and PyTorch references (bench/gpu.sh: the GPU battery);
 #                      in bench/shared/, the *.py of REFERENCE_DIR (other reference scripts, such
 #                      as the anchor figures' bench_loader.py, which the battery runs when present)
+# DEST/kernels/        the fused kernels' Triton source (bench/fused_tiles.py times their tiles)
 # DEST/BUILD           what it was built from and against
 #
 # RINGTRAIN_BIN=PATH bundles that binary instead of building one. DEST is replaced when it holds
@@ -61,6 +62,8 @@ cp "$here/bundled-ringtrain" "$tmp/ringtrain"
 cp -r "$root/recipes" "$tmp/recipes"
 mkdir -p "$tmp/bench"
 cp -r "$root/bench/." "$tmp/bench/"
+mkdir -p "$tmp/kernels"
+cp "$root"/kernels/*.py "$tmp/kernels/"
 find "$tmp/bench" -name __pycache__ -prune -exec rm -rf {} +
 if [ -n "$refs" ]; then
   mkdir -p "$tmp/bench/shared"

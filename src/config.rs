@@ -431,7 +431,7 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("cache_gb", "half the available memory, shared by the node's ranks"),
     ("loss_scale", "none: dynamic scaling"),
     ("channels_last", "on for CUDA, off on the CPU"),
-    ("fused_norm", "on for the ResNet and ConvNeXt families in fp16 or bf16, channels_last, without --cuda-graphs, on GPUs of compute capability 9.0; off elsewhere"),
+    ("fused_norm", "on for the ResNet and ConvNeXt families in fp16 or bf16, channels_last, on GPUs of compute capability 9.0 (with --cuda-graphs: ResNets only); off elsewhere"),
     ("drop_path", "the model's: see ringtrain models"),
     ("dropout", "the model's: see ringtrain models"),
     ("layer_decay", "none: one rate for all layers"),

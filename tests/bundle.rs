@@ -57,6 +57,9 @@ fn the_bundle_finds_libtorch_through_its_launcher_only() {
         "bench/jpeg_copy.py",
         "bench/torch_step.py",
         "bench/torch_loader.py",
+        "bench/fused_tiles.py",
+        "kernels/bn_act.py",
+        "kernels/launch.py",
     ] {
         assert!(b.join(f).is_file(), "the bundle lacks {f}");
     }
@@ -145,6 +148,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
         "fp16_overflow_backs_off",
         "sigterm_then_resume",
         "train_cuda_graphs",
+        "train_cuda_graphs_fused_norm",
         "fused_norm_numerics",
         "fused_norm_training",
         "fused_norm_training_convnext",
@@ -160,7 +164,8 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
         if model == "resnet18-cifar" {
             // The CUDA graph step against eager and torch.compile's CUDA-graph mode (dry: the
             // refusal on the CPU).
-            want.extend(["bf16_cuda_graphs", "bf16_torch_compile_reduce_overhead"].map(|s| format!("step_{model}_{s}")));
+            let graphed = ["bf16_cuda_graphs", "bf16_cuda_graphs_fused_norm", "bf16_torch_compile_reduce_overhead"];
+            want.extend(graphed.map(|s| format!("step_{model}_{s}")));
         }
     }
     want.push("end_to_end_resnet50_bf16".into());
@@ -179,6 +184,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
             "profile_resnet50_bf16_fused_norm",
             "profile_convnext_tiny_bf16",
             "profile_convnext_tiny_bf16_fused_norm",
+            "fused_tiles",
         ]
         .map(String::from),
     );

@@ -695,8 +695,8 @@ pub struct TrainArgs {
     /// compute capability 8.0 or newer, channels_last): BatchNorm, the residual add and ReLU of
     /// the ResNet family, ConvNeXt's block LayerNorm and end; every layer or device they do not cover
     /// runs the unfused ops, and says so once. Default: on where GPU runs showed them faster and
-    /// equal (ResNets and ConvNeXts in fp16 or bf16, channels_last, compute capability 9.0,
-    /// without --cuda-graphs), off elsewhere; false turns them off.
+    /// equal (ResNets and ConvNeXts in fp16 or bf16, channels_last, compute capability 9.0; with
+    /// --cuda-graphs ResNets only), off elsewhere; false turns them off.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub fused_norm: Option<bool>,
     /// Fine-tune from these weights: a file (safetensors, or a PyTorch .pth/.pt/.bin checkpoint,

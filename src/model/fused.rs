@@ -30,6 +30,10 @@ pub struct KernelImage {
     pub num_warps: i32,
     pub shared_bytes: i32,
     pub params: i32,
+    /// The tile (rows, channels) the kernel was compiled for, 0 where it has none: the launcher
+    /// sizes its grid from it.
+    pub block_m: i32,
+    pub block_c: i32,
     /// The cubin or PTX, gzip-compressed.
     pub image_gz: &'static [u8],
 }
@@ -57,11 +61,13 @@ struct RtKernelImage {
     num_warps: c_int,
     shared_bytes: c_int,
     params: c_int,
+    block_m: c_int,
+    block_c: c_int,
     image: *const u8,
 }
 
 extern "C" {
-    fn rt_fused_set_images(images: *const RtKernelImage, n: c_int, block_m: i64, block_c: i64) -> c_int;
+    fn rt_fused_set_images(images: *const RtKernelImage, n: c_int) -> c_int;
     fn rt_fused_set_layer_norm_plan(tile: i64, programs_per_sm: i64, min_width: i64, max_width: i64) -> c_int;
     fn rt_fused_prepare(device: c_int) -> c_int;
     fn rt_fused_layer_norm(
@@ -151,6 +157,8 @@ fn register() {
                 num_warps: k.num_warps,
                 shared_bytes: k.shared_bytes,
                 params: k.params,
+                block_m: k.block_m,
+                block_c: k.block_c,
                 image: image.as_ptr(),
             });
             names.extend([v, s]);
@@ -159,7 +167,7 @@ fn register() {
         // SAFETY: `images` and `names` are kept alive in the OnceLock for the process's life.
         let ln = &table::LN_PLAN;
         unsafe {
-            rt_fused_set_images(images.as_ptr(), images.len() as c_int, table::BLOCK_M, table::BLOCK_C);
+            rt_fused_set_images(images.as_ptr(), images.len() as c_int);
             rt_fused_set_layer_norm_plan(ln.tile, ln.programs_per_sm, ln.min_width, ln.max_width);
         }
         Registered {
@@ -213,20 +221,41 @@ pub fn prepare(device: Device) -> Result<i32, String> {
 /// `--fused-norm` out, it is on there only.
 pub const DEFAULT_ON: &[i32] = &[90];
 
+/// The model families whose normalisation the fused kernels cover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// BatchNorm + ReLU (+ the residual add): ResNet, ResNeXt, Wide ResNet, the CIFAR and tiny variants.
+    ResNet,
+    /// The block's LayerNorm, layer scale, stochastic depth and residual add.
+    ConvNext,
+}
+
+impl Family {
+    /// The normalisation the kernels take the place of, as the run's messages name it.
+    pub fn norm(self) -> &'static str {
+        match self {
+            Family::ResNet => "BatchNorm",
+            Family::ConvNext => "LayerNorm",
+        }
+    }
+}
+
 /// Whether a run that leaves `--fused-norm` out takes the fused kernels: where they were measured
-/// (a model of the families they cover, ResNet and ConvNeXt, in fp16 or bf16, channels_last, on
-/// a GPU of `DEFAULT_ON`), and not with `--cuda-graphs`, whose capture of them no GPU run has
-/// checked yet. `capability` loads the kernels and gives the GPU's (None when they cannot run
-/// there); it is asked last, so a run the other conditions rule out loads nothing.
+/// (a model of a family they cover in fp16 or bf16, channels_last, on a GPU of `DEFAULT_ON`).
+/// With `--cuda-graphs` for ResNets only: a GPU run checked the capture of their kernels (a
+/// captured run bit for bit the eager one, and faster), not yet of ConvNeXt's. `capability` loads
+/// the kernels and gives the GPU's (None when they cannot run there); it is asked last, so a run
+/// the other conditions rule out loads nothing.
 pub fn on_by_default(
-    covered: bool,
+    family: Option<Family>,
     amp: Option<tch::Kind>,
     channels_last: bool,
     cuda_graphs: bool,
     capability: impl FnOnce() -> Option<i32>,
 ) -> bool {
     let half = matches!(amp, Some(tch::Kind::Half | tch::Kind::BFloat16));
-    covered && half && channels_last && !cuda_graphs && capability().is_some_and(|cc| DEFAULT_ON.contains(&cc))
+    let measured = family.is_some_and(|f| !cuda_graphs || f == Family::ResNet);
+    measured && half && channels_last && capability().is_some_and(|cc| DEFAULT_ON.contains(&cc))
 }
 
 /// relu(batch_norm(x) [+ residual]) in training mode through the fused kernels, running
@@ -424,25 +453,30 @@ unsafe fn recorded(text: *const c_char, what: &str) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::on_by_default;
+    use super::{on_by_default, Family};
     use tch::Kind;
 
-    /// Left out, `--fused-norm` is on only for what GPU runs measured: a ResNet or ConvNeXt, fp16 or bf16,
-    /// channels_last, compute capability 9.0, no CUDA graphs; any one of them missing turns it off.
+    /// Left out, `--fused-norm` is on only for what GPU runs measured: a ResNet or ConvNeXt, fp16 or
+    /// bf16, channels_last, compute capability 9.0, with CUDA graphs a ResNet only; any one of them
+    /// missing turns it off.
     #[test]
     fn on_by_default_only_where_measured() {
+        let (resnet, convnext) = (Some(Family::ResNet), Some(Family::ConvNext));
         for amp in [Kind::Half, Kind::BFloat16] {
-            assert!(on_by_default(true, Some(amp), true, false, || Some(90)));
+            for family in [resnet, convnext] {
+                assert!(on_by_default(family, Some(amp), true, false, || Some(90)));
+            }
         }
-        assert!(!on_by_default(false, Some(Kind::Half), true, false, || Some(90)), "not a family the kernels cover");
-        assert!(!on_by_default(true, None, true, false, || Some(90)), "fp32");
-        assert!(!on_by_default(true, Some(Kind::Half), false, false, || Some(90)), "NCHW");
-        assert!(!on_by_default(true, Some(Kind::Half), true, true, || Some(90)), "CUDA graphs");
+        assert!(!on_by_default(None, Some(Kind::Half), true, false, || Some(90)), "not a family the kernels cover");
+        assert!(!on_by_default(resnet, None, true, false, || Some(90)), "fp32");
+        assert!(!on_by_default(resnet, Some(Kind::Half), false, false, || Some(90)), "NCHW");
+        assert!(on_by_default(resnet, Some(Kind::Half), true, true, || Some(90)), "a ResNet's capture was checked");
+        assert!(!on_by_default(convnext, Some(Kind::Half), true, true, || Some(90)), "ConvNeXt's capture was not");
         for cc in [80, 86, 89, 100, 120] {
-            assert!(!on_by_default(true, Some(Kind::Half), true, false, || Some(cc)), "sm_{cc} not measured");
+            assert!(!on_by_default(resnet, Some(Kind::Half), true, false, || Some(cc)), "sm_{cc} not measured");
         }
-        assert!(!on_by_default(true, Some(Kind::Half), true, false, || None), "kernels cannot run");
+        assert!(!on_by_default(resnet, Some(Kind::Half), true, false, || None), "kernels cannot run");
         // A run the other conditions rule out never loads the kernels to learn the GPU.
-        assert!(!on_by_default(true, None, true, false, || panic!("the kernels were loaded for an fp32 run")));
+        assert!(!on_by_default(resnet, None, true, false, || panic!("the kernels were loaded for an fp32 run")));
     }
 }

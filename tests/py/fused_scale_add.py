@@ -66,7 +66,7 @@ def case(shape, z_dtype, stream_dtype, drop, sm_count, seed):
         if ef > bound or (z_dtype == torch.float32 and et > FUSED_FP32):
             raise AssertionError(f"{shape} z {z_dtype} stream {stream_dtype} drop={drop} sm={sm_count}: {name} "
                                  f"fused {ef:.3g} vs PyTorch {et:.3g} of the fp64 reference")
-    return found, scale_add.reduction_plan(n * h * w, c, sm_count)[0]
+    return found, scale_add.reduction_plan(n * h * w, c, sm_count, "scale_add_backward_partial")[0]
 
 
 def plan(n, h, w, c, z_key, stream_key, sm_count):

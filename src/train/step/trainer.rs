@@ -451,14 +451,16 @@ impl Trainer {
 /// kept only where its kernels can run (said once if not); without the flag, on where GPU runs
 /// showed them faster and equal (`fused::on_by_default`: ResNets and ConvNeXts), silently off elsewhere.
 fn model_options(cfg: &TrainConfig, device: Device) -> Result<crate::model::ModelOptions> {
+    use crate::model::fused::Family;
     use crate::model::kind::Arch;
     let mut opts = cfg.model_options();
     let arch = cfg.model.arch();
-    let norm = match arch {
-        Arch::ResNet(_) => Some("BatchNorm"),
-        Arch::ConvNext(_) => Some("LayerNorm"),
+    let family = match arch {
+        Arch::ResNet(_) => Some(Family::ResNet),
+        Arch::ConvNext(_) => Some(Family::ConvNext),
         _ => None,
     };
+    let norm = family.map(Family::norm);
     // The kernels are loaded onto the GPU only for a model that uses them.
     let prepared = || match norm {
         Some(_) => crate::model::fused::prepare(device),
@@ -483,8 +485,7 @@ fn model_options(cfg: &TrainConfig, device: Device) -> Result<crate::model::Mode
         None => {
             let amp = cfg.amp.autocast_kind(device)?;
             let channels_last = crate::device::channels_last(cfg.channels_last, device);
-            let covered = norm.is_some();
-            let on = crate::model::fused::on_by_default(covered, amp, channels_last, cfg.cuda_graphs, || {
+            let on = crate::model::fused::on_by_default(family, amp, channels_last, cfg.cuda_graphs, || {
                 prepared().ok()
             });
             if let (true, Some(norm)) = (on, norm) {
