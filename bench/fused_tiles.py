@@ -27,7 +27,6 @@ KERNELS = ("bn_stats_partial", "bn_act_forward", "bn_act_backward_partial", "bn_
 TILES = [(32, 64, 4), (64, 64, 4), (64, 64, 8), (128, 64, 4), (128, 64, 8), (64, 128, 4), (64, 128, 8),
          (128, 128, 8), (32, 128, 4), (256, 64, 8)]
 PROGRAMS_PER_SM = [2, 4, 8, 16]
-BUILD_PROGRAMS_PER_SM = 4  # kernels/bn_act.py's reduction_plan
 
 
 def resnet50_layers(batch, img):
@@ -65,9 +64,7 @@ def launcher(bn_act, kernel, M, C, res, t, tile, ppsm, sms):
     bm, bc, warps = tile
     if kernel in ("bn_stats_partial", "bn_act_backward_partial"):
         c_blocks = cdiv(C, bc)
-        parts = max(1, min(cdiv(M, bm), cdiv(ppsm * sms, c_blocks)))
-        rows = cdiv(cdiv(M, parts), bm) * bm
-        parts = cdiv(M, rows)
+        parts, rows = bn_act.parts_plan(M, C, sms, bm, bc, ppsm)
         pa, pb = t["part_a"][: parts * C], t["part_b"][: parts * C]
         if kernel == "bn_stats_partial":
             return lambda: bn_act.bn_stats_partial[(parts, c_blocks)](
@@ -126,12 +123,12 @@ def main():
     from triton.testing import do_bench
 
     # Each kernel's build tile, as (tile, programs per multiprocessor or None for pointwise ones).
-    build = {k: ((*bn_act.tile(k), bn_act.NUM_WARPS), BUILD_PROGRAMS_PER_SM if k.endswith("_partial") else None)
+    build = {k: ((*bn_act.tile(k), bn_act.NUM_WARPS), bn_act.PROGRAMS_PER_SM if k.endswith("_partial") else None)
              for k in KERNELS}
     tiles, programs_per_sm = TILES, PROGRAMS_PER_SM
     if a.dry:
         tiles = sorted({b[0] for b in build.values()} | {TILES[0]})
-        programs_per_sm = [BUILD_PROGRAMS_PER_SM]
+        programs_per_sm = [bn_act.PROGRAMS_PER_SM]
 
         def do_bench(fn, **_):  # noqa: F811 (one call, by the wall clock)
             t = time.perf_counter()

@@ -737,8 +737,8 @@ def main():
         # stochastic depth, so that the step's only randomness is the data's.
         no_drop = ["--drop-path", 0] if model.startswith("convnext") else []
         def one(name, *extra, lr="0.5"):
-            return small(out / f"fused-{model}-{name}", model, "--momentum", 0, "--amp", "off", "--deterministic", "true",
-                         *no_drop, *extra, epochs=1, batch=48, lr=lr)
+            return small(out / f"fused-{model}-{name}", model, "--momentum", 0, "--amp", "off", "--deterministic",
+                         "true", *no_drop, *extra, epochs=1, batch=48, lr=lr)
         b.ringtrain(*one("init", "--channels-last", lr="1e-30"), env=fp32)
         b.ringtrain(*one("unfused", "--channels-last", "--fused-norm", "false"), env=fp32)
         b.ringtrain(*one("unfused-nchw", "--channels-last", "false", "--fused-norm", "false"), env=fp32)
@@ -861,7 +861,8 @@ def main():
     for model in ("convnext_tiny", "vit_b_16"):
         batch, img, n, warm = (2, 32, 2, 1) if dry else (128, 224, 40, 10)
         args = ["bench", "--model", model, "--batch-size", batch, "--img-size", img, "--device", dev,
-                "--steps", n, "--warmup", warm, "--amp", amp_of("bf16"), "--channels-last", "true", "--fused-norm", "false"]
+                "--steps", n, "--warmup", warm, "--amp", amp_of("bf16"), "--channels-last", "true",
+                "--fused-norm", "false"]
         b.check(f"step_{model}_bf16", "speed", lambda args=args: bench_figures(
             b.ringtrain(*args, "--vs-pytorch", "--python", b.python), vs_pytorch=True, memory=not dry))
 

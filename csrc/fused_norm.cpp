@@ -59,7 +59,7 @@ Tile tile(const std::string& kernel) {
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// kernels/bn_act.py's reduction_plan: about four programs per multiprocessor, each a whole
+// kernels/bn_act.py's reduction_plan: PROGRAMS_PER_SM (4) programs per multiprocessor, each a whole
 // number of the first stage's row tiles.
 std::pair<int64_t, int64_t> reduction_plan(int64_t M, int64_t C, int64_t sm_count, const std::string& kernel) {
   const Tile t = tile(kernel);

@@ -36,6 +36,8 @@ from launch import BLOCK_P, cdiv, check_args, parts_tile, row_tile
 BLOCK_M = 64
 BLOCK_C = 64
 NUM_WARPS = 4
+# Programs per multiprocessor of the reductions' first stages (the C++ launcher's too).
+PROGRAMS_PER_SM = 4
 # (BLOCK_M, BLOCK_C) where another tile was faster: bench/fused_tiles.py timed ten tiles at
 # ResNet-50's shapes on an H200 (docs/BENCHMARKS.md). The statistics' pass reads 128 rows per
 # iteration (1.6x as fast over a step), the two pointwise kernels 32 rows of 128 channels
@@ -202,9 +204,13 @@ def bn_act_backward(dy_ptr, y_ptr, x_ptr, mean_ptr, invstd_ptr, weight_ptr, dw_p
 # ---- the orchestration (csrc/fused_norm.cpp does the same with the compiled kernels) ----------
 def reduction_plan(M, C, sm_count, kernel):
     """(num_parts, rows_per_prog) of a two-stage reduction whose first stage is `kernel`: about
-    four programs per multiprocessor, each a whole number of the kernel's row tiles."""
-    block_m, block_c = tile(kernel)
-    parts = max(1, min(cdiv(M, block_m), cdiv(4 * sm_count, cdiv(C, block_c))))
+    PROGRAMS_PER_SM programs per multiprocessor, each a whole number of the kernel's row tiles."""
+    return parts_plan(M, C, sm_count, *tile(kernel), PROGRAMS_PER_SM)
+
+
+def parts_plan(M, C, sm_count, block_m, block_c, programs_per_sm):
+    """reduction_plan for any tile and number of programs (bench/fused_tiles.py tries others)."""
+    parts = max(1, min(cdiv(M, block_m), cdiv(programs_per_sm * sm_count, cdiv(C, block_c))))
     rows = cdiv(cdiv(M, parts), block_m) * block_m
     return cdiv(M, rows), rows
 

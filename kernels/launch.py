@@ -66,8 +66,8 @@ BLOCK_P = 32
 def sum_parts(part_ptr, num_parts, C, out_ptr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
     """out[c] = Σ_p part[p, c]: the second stage of a column sum whose first stage wrote one row
     of partial sums per program, added in a fixed order (deterministic, no atomics): BLOCK_P
-    rows at a time into a tile, then the tile's rows. Launched with kernels/bn_act.py's BLOCK_C,
-    the table's."""
+    rows at a time into a tile, then the tile's rows. Launched in kernels/bn_act.py's tile for
+    it, which the build writes into the kernel table."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)

@@ -141,8 +141,8 @@ def backward(dy2d, x2d, w, mean, rstd, sm_count, launch=run):
            [("dy", dy2d), ("x", x2d), ("weight", w), ("mean", mean), ("rstd", rstd), ("dx", dx),
             ("part_dw", part_dw), ("part_db", part_db), ("M", M), ("C", C), ("rows_per_prog", rows)],
            BLOCK_M=TILE // W, W=W)
+    block_c = tile("sum_parts")[1]
     for part, out in ((part_dw, dw), (part_db, db)):
-        block_c = tile("sum_parts")[1]
         launch(sum_parts, (cdiv(C, block_c), 1), [("part", part), ("num_parts", parts), ("C", C), ("out", out)],
                BLOCK_C=block_c, BLOCK_P=BLOCK_P)
     return dx, dw, db

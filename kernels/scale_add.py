@@ -22,8 +22,8 @@ under TRITON_INTERPRET=1 against PyTorch (tests/py/fused_scale_add.py).
 import triton
 import triton.language as tl
 
-from bn_act import NUM_WARPS, reduction_plan, tile, tile_constexprs
-from launch import BLOCK_P, cdiv, check_args, row_tile, sum_parts
+from bn_act import reduction_plan, run, tile
+from launch import BLOCK_P, cdiv, row_tile, sum_parts
 
 
 @triton.jit
@@ -63,13 +63,7 @@ def scale_add_backward_partial(dout_ptr, z_ptr, gamma_ptr, keep_ptr, dz_ptr, par
 
 
 # ---- the orchestration (csrc/fused_norm.cpp does the same with the compiled kernels) ----------
-def run(kernel, grid, args, **constexprs):
-    """Launches `kernel` over `grid` with `args`, (name, value) pairs in its parameters' order,
-    in the kernel's tile."""
-    check_args(kernel, args)
-    kernel[grid](*[v for _, v in args], num_warps=NUM_WARPS, **tile_constexprs(kernel), **constexprs)
-
-
+# `run` is kernels/bn_act.py's: it launches each kernel in its tile.
 def forward(z2d, stream2d, gamma, keep, rows_per_sample, launch=run):
     """z2d, stream2d: [M, C] rows; gamma [C] and keep [N] fp32. Returns out [M, C], fp32."""
     import torch
