@@ -7,7 +7,9 @@ untimed), with the batch size and number of epochs as parameters; with a model i
 bench_loader.py (pinned memory, channels_last, autocast, SGD momentum 0.9).
 
 With POLICY (ta_wide, ra, imagenet, cifar10, svhn, augmix) torchvision's policy follows the flip,
-on the PIL image, as torchvision's reference recipe (presets.py) puts it.
+on the PIL image, as torchvision's reference recipe (presets.py) puts it; with timm's RandAugment
+string (rand-m9-mstd0.5-inc1) timm's, with the hyper-parameters timm's training transform gives
+it (ImageNet's mean as the fill, bilinear).
 
 Usage: torch_loader.py DIR SIZE BATCH WORKERS EPOCHS MODEL|none AMP(off|bf16|fp16) CHANNELS_LAST(0|1) DEVICE [POLICY|none]
 Prints one JSON object: {"images_per_s": ...}.
@@ -31,6 +33,12 @@ def policy_transform(name):
         return [T.AugMix(interpolation=bilinear)]
     if name in ("imagenet", "cifar10", "svhn"):
         return [T.AutoAugment(T.AutoAugmentPolicy(name), interpolation=bilinear)]
+    if name.startswith("rand"):
+        from PIL import Image
+        from timm.data.auto_augment import rand_augment_transform
+        mean = (0.485, 0.456, 0.406)
+        hparams = dict(img_mean=tuple(min(255, round(255 * x)) for x in mean), interpolation=Image.BILINEAR)
+        return [rand_augment_transform(name, hparams)]
     return []
 
 

@@ -174,6 +174,39 @@ int rt_lars(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, doub
       -1);
 }
 
+int rt_rmsprop(rt_tensor** params, rt_tensor** grads, rt_tensor** square_avgs, rt_tensor** bufs, rt_tensor** steps,
+               int n, double lr, rt_tensor* lr_tensor, double alpha, double eps, double weight_decay, double momentum,
+               rt_tensor* found_inf) {
+  return rt_guard<int>(
+      [&] {
+        at::NoGradGuard no_grad;
+        auto p = list(params, n), g = list(grads, n), v = list(square_avgs, n), s = list(steps, n);
+        auto b = bufs ? list(bufs, n) : std::vector<at::Tensor>{};
+        if (n == 0) return 0;
+        Undo undo(found_inf, {&p, &v, &b, &s});
+        // torch.optim.RMSprop's foreach step (not centered), op for op.
+        at::_foreach_add_(s, 1);
+        std::vector<at::Tensor> d = weight_decay != 0 ? at::_foreach_add(g, p, weight_decay) : g;
+        at::_foreach_mul_(v, alpha);
+        at::_foreach_addcmul_(v, d, d, 1 - alpha);
+        auto avg = at::_foreach_sqrt(v);
+        at::_foreach_add_(avg, eps);
+        if (momentum > 0) {
+          at::_foreach_mul_(b, momentum);
+          at::_foreach_addcdiv_(b, d, avg);
+          apply_lr(p, b, lr, lr_tensor);
+        } else if (lr_tensor) {
+          at::_foreach_div_(avg, at::neg(*lr_tensor));
+          at::_foreach_addcdiv_(p, d, avg);
+        } else {
+          at::_foreach_addcdiv_(p, d, avg, -lr);
+        }
+        undo.finish();
+        return 0;
+      },
+      -1);
+}
+
 rt_tensor* rt_lamb_clip(rt_tensor** grads, int n, double max_grad_norm) {
   return rt_guard<rt_tensor*>(
       [&] {

@@ -97,6 +97,11 @@ int rt_fused_adam(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, r
 int rt_lars(rt_tensor** params, rt_tensor** grads, rt_tensor** bufs, int n, double lr, rt_tensor* lr_tensor,
             double momentum, double weight_decay, int nesterov, double trust_coeff, double eps, int adapt,
             rt_tensor* found_inf);
+// torch.optim.RMSprop (not centered) on the same kernels as its foreach step: square_avgs and
+// the float32 0-dim step counters always, bufs null when momentum is 0.
+int rt_rmsprop(rt_tensor** params, rt_tensor** grads, rt_tensor** square_avgs, rt_tensor** bufs, rt_tensor** steps,
+               int n, double lr, rt_tensor* lr_tensor, double alpha, double eps, double weight_decay, double momentum,
+               rt_tensor* found_inf);
 rt_tensor* rt_lamb_clip(rt_tensor** grads, int n, double max_grad_norm);
 int rt_lamb(rt_tensor** params, rt_tensor** grads, rt_tensor** exp_avgs, rt_tensor** exp_avg_sqs, int n,
             rt_tensor* step, rt_tensor* clip, double lr, rt_tensor* lr_tensor, double beta1, double beta2, double eps,

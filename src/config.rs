@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::bail_user;
 use crate::data::augment::transform::{Interpolation, Transform};
 use crate::data::augment::ops::Sampling;
-use crate::data::augment::policy::{AutoAugment, Policy, RA_BINS};
+use crate::data::augment::pil::Filter;
+use crate::data::augment::policy::{AutoPolicy, Policy, PolicyName, RA_BINS};
+use crate::data::augment::timm_rand::TimmRand;
 use crate::data::source::Columns;
 use crate::data::source::DataSpec;
 use crate::device::DeviceSpec;
@@ -26,6 +28,8 @@ pub enum OptimizerKind {
     Lars,
     /// Adam with layer-wise trust ratios (timm.optim.Lamb).
     Lamb,
+    /// torch.optim.RMSprop (not centered; torchvision's MobileNet recipes).
+    Rmsprop,
 }
 
 impl OptimizerKind {
@@ -131,6 +135,9 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// LARS's trust coefficient (eta).
     pub lars_eta: f64,
+    /// RMSprop's smoothing constant and the eps added to the root of its average.
+    pub rmsprop_alpha: f64,
+    pub rmsprop_eps: f64,
     pub label_smoothing: f64,
     pub sched: SchedKind,
     pub warmup_epochs: f64,
@@ -196,8 +203,9 @@ pub struct TrainConfig {
     pub random_erasing: f64,
     pub random_erasing_mode: crate::data::augment::erasing::EraseMode,
     /// An augmentation policy after the crop and flip (`--auto-augment`), with RandAugment's
-    /// bin and number of operations and AugMix's severity.
-    pub auto_augment: Option<AutoAugment>,
+    /// bin and number of operations and AugMix's severity (torchvision's policies), or timm's
+    /// RandAugment with its settings in its string.
+    pub auto_augment: Option<PolicyName>,
     /// ColorJitter after the flip (before the policy): brightness, contrast, saturation [, hue]
     /// as torchvision's, or one value for the first three (timm's `--color-jitter`).
     pub color_jitter: Vec<f64>,
@@ -320,6 +328,9 @@ impl Default for TrainConfig {
             nesterov: false,
             weight_decay: 1e-4,
             lars_eta: 0.001,
+            // torch.optim.RMSprop's defaults (torchvision's train.py passes 0.9 and 0.0316).
+            rmsprop_alpha: 0.99,
+            rmsprop_eps: 1e-8,
             label_smoothing: 0.0,
             sched: SchedKind::Cosine,
             warmup_epochs: 0.0,
@@ -641,19 +652,33 @@ impl TrainConfig {
     }
 
     /// The `--auto-augment` policy, if any: its geometric operations sample as the run's
-    /// `--interpolation` where torchvision's tensor kernels can (bicubic: bilinear).
-    pub fn policy(&self) -> Option<Policy> {
-        self.auto_augment.map(|kind| Policy {
-            kind,
-            ra_magnitude: self.ra_magnitude,
-            ra_num_ops: self.ra_num_ops,
-            augmix_severity: self.augmix_severity,
-            // torchvision's tensor kernels have no bicubic sampling: a bicubic run's policies
-            // shear, translate and rotate bilinearly.
-            sampling: match self.interpolation() {
-                Interpolation::Nearest => Sampling::Nearest,
-                Interpolation::Bilinear | Interpolation::Bicubic => Sampling::Bilinear,
-            },
+    /// `--interpolation` where torchvision's tensor kernels can (bicubic: bilinear); timm's
+    /// RandAugment samples as PIL does with that filter and fills with the run's mean colour
+    /// (timm's `img_mean`).
+    pub fn policy(&self) -> Option<AutoPolicy> {
+        let interpolation = self.interpolation();
+        Some(match self.auto_augment? {
+            PolicyName::Torchvision(kind) => AutoPolicy::Torchvision(Policy {
+                kind,
+                ra_magnitude: self.ra_magnitude,
+                ra_num_ops: self.ra_num_ops,
+                augmix_severity: self.augmix_severity,
+                // torchvision's tensor kernels have no bicubic sampling: a bicubic run's policies
+                // shear, translate and rotate bilinearly.
+                sampling: match interpolation {
+                    Interpolation::Nearest => Sampling::Nearest,
+                    Interpolation::Bilinear | Interpolation::Bicubic => Sampling::Bilinear,
+                },
+            }),
+            PolicyName::TimmRand(spec) => AutoPolicy::TimmRand(TimmRand {
+                spec,
+                filter: match interpolation {
+                    Interpolation::Nearest => Filter::Nearest,
+                    Interpolation::Bilinear => Filter::Bilinear,
+                    Interpolation::Bicubic => Filter::Bicubic,
+                },
+                fill: self.mean3().map(|m| (255.0 * m).round_ties_even().clamp(0.0, 255.0) as u8),
+            }),
         })
     }
 
@@ -791,6 +816,15 @@ impl TrainConfig {
         }
         if self.nesterov && self.optimizer == OptimizerKind::Lamb {
             bail_user!("--nesterov is SGD's and LARS's momentum; --optimizer lamb has none (its betas are 0.9, 0.999)");
+        }
+        if self.nesterov && self.optimizer == OptimizerKind::Rmsprop {
+            bail_user!("--nesterov is SGD's and LARS's momentum; --optimizer rmsprop takes --momentum without it");
+        }
+        if !(0.0..1.0).contains(&self.rmsprop_alpha) {
+            bail_user!("--rmsprop-alpha must be in [0, 1), got {}", self.rmsprop_alpha);
+        }
+        if !non_negative(self.rmsprop_eps) {
+            bail_user!("--rmsprop-eps must be >= 0, got {}", self.rmsprop_eps);
         }
         if !positive(self.lars_eta) {
             bail_user!("--lars-eta must be positive, got {}", self.lars_eta);

@@ -86,6 +86,21 @@ mod ffi {
             adapt: c_int,
             found_inf: *mut torch_sys::C_tensor,
         ) -> c_int;
+        pub fn rt_rmsprop(
+            params: *const *mut torch_sys::C_tensor,
+            grads: *const *mut torch_sys::C_tensor,
+            square_avgs: *const *mut torch_sys::C_tensor,
+            bufs: *const *mut torch_sys::C_tensor,
+            steps: *const *mut torch_sys::C_tensor,
+            n: c_int,
+            lr: f64,
+            lr_tensor: *mut torch_sys::C_tensor,
+            alpha: f64,
+            eps: f64,
+            weight_decay: f64,
+            momentum: f64,
+            found_inf: *mut torch_sys::C_tensor,
+        ) -> c_int;
         pub fn rt_lamb_clip(
             grads: *const *mut torch_sys::C_tensor,
             n: c_int,
@@ -460,6 +475,54 @@ pub fn lars(
             h.trust_coeff,
             h.eps,
             h.adapt as c_int,
+            opt_ptr(found_inf),
+        )
+    })?;
+    Ok(())
+}
+
+/// RMSprop's hyper-parameters for `rmsprop` (torch.optim.RMSprop, not centered).
+#[derive(Debug, Clone, Copy)]
+pub struct RmspropParams {
+    pub alpha: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub momentum: f64,
+}
+
+/// torch.optim.RMSprop's multi-tensor step over one parameter list: `steps` are float32 0-dim
+/// counters (incremented), `bufs` is empty when momentum is 0, else starts at zero. With
+/// `found_inf` holding 1, nothing changes, the counters included.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsprop(
+    params: &[Tensor],
+    grads: &[Tensor],
+    square_avgs: &[Tensor],
+    bufs: &[Tensor],
+    steps: &[Tensor],
+    lr: Lr,
+    h: RmspropParams,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
+    let n = params.len();
+    assert!(grads.len() == n && square_avgs.len() == n && steps.len() == n);
+    assert!(bufs.is_empty() || bufs.len() == n);
+    let (p, g, v, b, s) = (ptrs(params), ptrs(grads), ptrs(square_avgs), ptrs(bufs), ptrs(steps));
+    let (lr, lr_tensor) = lr.split();
+    check(unsafe {
+        ffi::rt_rmsprop(
+            p.as_ptr(),
+            g.as_ptr(),
+            v.as_ptr(),
+            if b.is_empty() { std::ptr::null() } else { b.as_ptr() },
+            s.as_ptr(),
+            n as c_int,
+            lr,
+            lr_tensor,
+            h.alpha,
+            h.eps,
+            h.weight_decay,
+            h.momentum,
             opt_ptr(found_inf),
         )
     })?;

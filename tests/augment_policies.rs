@@ -4,7 +4,8 @@
 //! draws (and that a policy with one operation dropped fails that comparison), ColorJitter's
 //! hue and its draws, and repeated
 //! augmentation's order against timm's `RepeatAugSampler` (torchvision's `RASampler` with its
-//! defaults).
+//! defaults). timm's RandAugment against timm: its operations against timm's own functions on
+//! PIL images, its choices in distribution.
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
@@ -12,7 +13,9 @@ use std::collections::{BTreeMap, HashSet};
 use rand::SeedableRng;
 use ringtrain::data::augment::jitter::ColorJitter;
 use ringtrain::data::augment::ops::{self, Image, Op, Sampling};
+use ringtrain::data::augment::pil::Filter;
 use ringtrain::data::augment::policy::{AutoAugment, Draw, Policy, Step};
+use ringtrain::data::augment::timm_rand::{TimmOp, TimmRand, TimmRandSpec, TimmStep};
 use ringtrain::data::load::order::{repeated_len, repeated_order};
 
 fn policy(kind: AutoAugment) -> Policy {
@@ -173,7 +176,7 @@ fn same_distribution(ours: &BTreeMap<String, usize>, theirs: &BTreeMap<String, u
             let se = (p * (1.0 - p) * (1.0 / na + 1.0 / nb)).sqrt();
             let z = (ca / na - cb / nb).abs() / se;
             if z > Z {
-                worst.push(format!("{k:?}: ours {ca}/{na}, torchvision's {cb}/{nb} ({z:.1} standard errors)"));
+                worst.push(format!("{k:?}: ours {ca}/{na}, the reference's {cb}/{nb} ({z:.1} standard errors)"));
             }
         }
     }
@@ -201,7 +204,7 @@ fn same_moments(what: &str, ours: &[f64], theirs: &[f64]) {
         };
         let ((ma, va), (mb, vb)) = (m(ours), m(theirs));
         let z = (ma - mb).abs() / (va + vb).sqrt();
-        assert!(z < Z, "{what}: moment {power} ours {ma}, torchvision's {mb} ({z:.1} standard errors)");
+        assert!(z < Z, "{what}: moment {power} ours {ma}, the reference's {mb} ({z:.1} standard errors)");
     }
 }
 
@@ -375,7 +378,8 @@ fn a_run_with_trivial_augment_and_repeated_augmentation_trains_and_refuses_what_
         ("--color-jitter 0.4 --data-on-device", "--data-on-device does not do --color-jitter"),
         ("--color-jitter 0.4,0.4", "--color-jitter takes 1, 3 or 4 values"),
         ("--color-jitter 0.4,0.4,0.4,0.7", "hue at most 0.5"),
-        ("--auto-augment rand-m9", "invalid --auto-augment 'rand-m9'"),
+        ("--auto-augment randaugment", "invalid --auto-augment 'randaugment'"),
+        ("--auto-augment rand-m9-tweights", "timm's operation sets ('tweights') are not taken"),
         ("--ra-magnitude 31", "--ra-magnitude must be a bin in 0..30"),
         ("--augmix-severity 0", "--augmix-severity must be in 1..10"),
         ("--ra-sampler --batch-size 300", "--ra-sampler keeps 270 // 256 * 256 training images"),
@@ -384,4 +388,142 @@ fn a_run_with_trivial_augment_and_repeated_augmentation_trains_and_refuses_what_
         let args = common::train_args(&data, &out_dir, &format!("--img-size 32 --device cpu --val-split 0.1 {extra}"));
         common::expect_user_error(&args, needle);
     }
+}
+
+/// timm's training transform's fill for its policies: ImageNet's mean colour.
+const TIMM_FILL: [u8; 3] = [124, 116, 104];
+
+fn timm(spec: &str, filter: Filter) -> TimmRand {
+    TimmRand {
+        spec: spec.parse().unwrap(),
+        filter,
+        fill: TIMM_FILL,
+    }
+}
+
+/// Every operation of timm's RandAugment, plain and increasing, at magnitudes 0..12 (and up to 20
+/// with mmax 20) and both signs, against timm's own level and op functions on PIL images
+/// (`augment_reference.py timm_ops`): the arguments equal, and the pixels.
+#[test]
+fn timms_rand_augment_operations_equal_timms_own_on_pil_images() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::shared_data("plant-seedlings/test/Maize/d8ae9a82b.png");
+    let out = dir.path().to_str().unwrap();
+    common::run_python_script("augment_reference.py", &["timm_ops", out, img.to_str().unwrap()]);
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("cases.json")).unwrap()).unwrap();
+    let data = std::fs::read(dir.path().join("data.bin")).unwrap();
+    let number = |v: &serde_json::Value, key: &str| v[key].as_u64().unwrap() as usize;
+    let images: Vec<(usize, usize, &[u8])> = index["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            let (w, h, at) = (number(i, "w"), number(i, "h"), number(i, "offset"));
+            (w, h, &data[at..at + w * h * 3])
+        })
+        .collect();
+    let mut tally: BTreeMap<(String, String), Tally> = BTreeMap::new();
+    let (mut refused, mut args_off) = (0, Vec::new());
+    for case in index["cases"].as_array().unwrap() {
+        let name = case["op"].as_str().unwrap();
+        let increasing = case["increasing"].as_bool().unwrap();
+        let op = TimmOp::ALL.into_iter().find(|o| o.name(increasing) == name);
+        let op = op.unwrap_or_else(|| panic!("unknown {name}"));
+        let filter = match case["filter"].as_str().unwrap() {
+            "bicubic" => Filter::Bicubic,
+            _ => Filter::Bilinear,
+        };
+        let spec = match case["mmax"].as_u64() {
+            Some(m) => format!("rand-inc{}-mmax{m}", increasing as u8),
+            None => format!("rand-inc{}", increasing as u8),
+        };
+        let t = timm(&spec, filter);
+        let magnitude = case["magnitude"].as_f64().unwrap();
+        let arg = t.level_arg(op, magnitude, case["negative"].as_bool().unwrap());
+        let want_arg = case["args"].as_array().unwrap().first().map(|a| a.as_f64().unwrap());
+        // (serde_json reads a float to within its last bit.)
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-15 * b.abs().max(1.0);
+        if arg.is_some() != want_arg.is_some() || arg.zip(want_arg).is_some_and(|(a, b)| !close(a, b)) {
+            args_off.push(format!("{spec} {name} at {magnitude}: ours {arg:?}, timm's {want_arg:?}"));
+        }
+        let (w, h, input) = images[case["image"].as_u64().unwrap() as usize];
+        let mut got = input.to_vec();
+        t.apply_step(TimmStep { op, arg }, &mut Image { w, h, px: &mut got });
+        if case.get("refused").is_some() {
+            // timm asks posterize for 0 bits (or fewer) where Pillow 11+ refuses: ours keeps
+            // none, the black image earlier Pillows made (and torchvision makes).
+            assert!(got.iter().all(|&v| v == 0), "{spec} {name} at {magnitude}: not black");
+            refused += 1;
+            continue;
+        }
+        let at = case["offset"].as_u64().unwrap() as usize;
+        let geometric = matches!(op, TimmOp::Rotate | TimmOp::ShearX | TimmOp::ShearY)
+            || matches!(op, TimmOp::TranslateXRel | TimmOp::TranslateYRel);
+        let how = if geometric { format!("{filter:?}") } else { "-".into() };
+        tally.entry((name.to_string(), how)).or_default().add(&got, &data[at..at + w * h * 3]);
+    }
+    assert!(args_off.is_empty(), "level arguments differ from timm's:\n{}", args_off.join("\n"));
+    assert!(refused > 0, "no case of 0 bits");
+    let mut failures = Vec::new();
+    for ((name, how), t) in &tally {
+        let (cases, differ, values, max) = (t.cases, t.differ, t.values, t.max);
+        eprintln!("{name:>20} {how:>8}: {cases} cases, {differ} of {values} values differ, by {max} at most");
+        if t.differ > 0 {
+            failures.push(format!("{name} ({how}): {} of {} values differ, by {} at most", t.differ, t.values, t.max));
+        }
+    }
+    assert!(failures.is_empty(), "operations differ from timm's on PIL:\n{}", failures.join("\n"));
+}
+
+/// timm's RandAugment's choices against `rand_augment_transform`'s over many draws: which
+/// operations an image gets (with each one's probability `p`), and each operation's argument
+/// (magnitude noise, sign) by its mean and mean square; one operation dropped fails.
+#[test]
+fn timms_rand_augment_choices_match_timm_in_distribution() {
+    let configs = ["rand-m9-mstd0.5-inc1", "rand-m7-n3-p0.8-mstd101", "rand-m15-mmax20-n1-p1-mstd2-inc1"];
+    let (w, h) = SIZE;
+    let mut args = vec!["timm_draws".to_string(), DRAWS.to_string(), w.to_string(), h.to_string()];
+    args.extend(configs.iter().map(|c| c.to_string()));
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let reference = common::run_python_script("augment_reference.py", &args);
+    let reference: serde_json::Value = serde_json::from_str(&reference).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    for config in configs {
+        let t = timm(config, Filter::Bilinear);
+        let inc = t.spec.increasing;
+        let draws: Vec<Vec<TimmStep>> = (0..DRAWS).map(|_| t.draw(&mut rng)).collect();
+        let tally = |draws: &[Vec<TimmStep>]| {
+            let mut m: BTreeMap<String, usize> = BTreeMap::new();
+            for d in draws {
+                *m.entry(d.iter().map(|s| s.op.name(inc)).collect::<Vec<_>>().join("|")).or_default() += 1;
+            }
+            m
+        };
+        let r = &reference[config];
+        let theirs = counts(&r["counts"]);
+        same_distribution(&tally(&draws), &theirs).unwrap_or_else(|e| panic!("{config}:\n{e}"));
+        let takes_arg = |op: TimmOp| t.level_arg(op, 5.0, false).is_some();
+        for op in TimmOp::ALL.into_iter().filter(|&op| takes_arg(op)) {
+            let ours: Vec<f64> = draws.iter().flatten().filter(|s| s.op == op).map(|s| s.arg.unwrap_or(0.0)).collect();
+            let theirs = r["args"][op.name(inc)].as_array().unwrap();
+            let theirs: Vec<f64> = theirs.iter().map(|a| a.as_f64().unwrap()).collect();
+            same_moments(&format!("{config} {}'s argument", op.name(inc)), &ours, &theirs);
+        }
+        let dropped = TimmOp::Rotate;
+        let without: Vec<Vec<TimmStep>> =
+            draws.iter().map(|d| d.iter().copied().filter(|s| s.op != dropped).collect()).collect();
+        assert!(same_distribution(&tally(&without), &theirs).is_err(), "{config} without {dropped:?} passed as timm's");
+    }
+    // Parsed as timm parses them, written back as given; a run takes the string.
+    let spec: TimmRandSpec = "rand-m9-mstd0.5-inc1".parse().unwrap();
+    assert_eq!(spec.to_string(), "rand-m9-mstd0.5-inc1");
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    common::link_first(&common::shared_data("plant-seedlings/train"), &data, &["Charlock", "Maize"], 20);
+    let flags = "--img-size 32 --batch-size 8 --device cpu --val-split 0.1 --auto-augment rand-m9-mstd0.5-inc1";
+    let png = d.path().join("batch.png");
+    let mut args = common::train_args(&data, &png, flags);
+    args[0] = "show-batch".into();
+    let shown = common::ringtrain(&args);
+    assert!(shown.status.success() && png.exists(), "{}", common::text(&shown));
 }

@@ -1,4 +1,5 @@
-//! The optimizers against torch.optim (LARS and LAMB against timm.optim) on a scripted problem
+//! The optimizers against torch.optim (RMSprop with torchvision's alpha and eps; LARS and LAMB
+//! against timm.optim) on a scripted problem
 //! (three parameter groups: decayed body, BatchNorm without weight decay nor trust ratio, head at
 //! 10× LR; a changing LR), driven by fp16's
 //! GradScaler with its real tensors on both sides (ours and torch.amp.GradScaler; one step has
@@ -44,13 +45,18 @@ fn config(kind: &str) -> TrainConfig {
         "lars" => (OptimizerKind::Lars, 0.9, false, 5e-5),
         "lars_nesterov" => (OptimizerKind::Lars, 0.9, true, 1e-3),
         "lamb" => (OptimizerKind::Lamb, 0.0, false, 0.02),
+        "rmsprop" => (OptimizerKind::Rmsprop, 0.9, false, 1e-4),
+        "rmsprop_plain" => (OptimizerKind::Rmsprop, 0.0, false, 1e-3),
         _ => (OptimizerKind::Adamw, 0.0, false, 0.05),
     };
+    // torchvision's train.py passes RMSprop these (torch's defaults are 0.99 and 1e-8).
     TrainConfig {
         optimizer,
         momentum,
         nesterov,
         weight_decay: wd,
+        rmsprop_alpha: 0.9,
+        rmsprop_eps: 0.0316,
         ..Default::default()
     }
 }
@@ -128,7 +134,11 @@ fn optimizers_match_torch_optim_and_survive_a_state_round_trip() {
     let init = initial();
     let input = dir.path().join("init.safetensors");
     Tensor::write_safetensors(&init.iter().map(|(n, t)| (n.as_str(), t)).collect::<Vec<_>>(), &input).unwrap();
-    for kind in ["sgd", "sgd_nesterov", "sgd_plain", "adam", "adamw", "lars", "lars_nesterov", "lamb"] {
+    let kinds = [
+        "sgd", "sgd_nesterov", "sgd_plain", "adam", "adamw", "lars", "lars_nesterov", "lamb", "rmsprop",
+        "rmsprop_plain",
+    ];
+    for kind in kinds {
         // Straight through.
         let params = leaf_params(&init);
         let mut opt = new_optimizer(kind, &params);
@@ -153,7 +163,7 @@ fn optimizers_match_torch_optim_and_survive_a_state_round_trip() {
         // replays): the same steps up to the rounding of the lr to float32 (the host's lr is an
         // f64; the head's 10 × lr is rounded once in f64 and once in float32; Adam's kernel
         // takes the two in different precisions): measured ≤ 1.7e-7 of the update, 5.2e-7 with ATen
-        // unvectorised; a stale lr
+        // unvectorised, 1.3e-6 for RMSprop's head (its step divides by a small root); a stale lr
         // (the same every step) would be off by 20 % or more.
         let params3 = leaf_params(&init);
         let mut on_device = new_optimizer(kind, &params3);
@@ -191,10 +201,13 @@ fn optimizers_match_torch_optim_and_survive_a_state_round_trip() {
         // takes for those), its for-loop one does the same arithmetic per tensor. Measured:
         // LARS equal to both, bit for bit, the skipped step included; LAMB ≤ 1.5e-6 of the
         // update against the foreach one (which folds the bias corrections into the step size),
-        // ≤ 4.8e-7 against the for-loop one.
-        let (reference, implementations) = match kind.starts_with("la") {
-            true => ("timm", [("foreach", TIMM), ("forloop", TIMM)]),
-            false => ("torch", [("fused", 0.0), ("forloop", FORLOOP)]),
+        // ≤ 4.8e-7 against the for-loop one. torch has no fused RMSprop: ours takes its foreach
+        // step's operations; measured equal to both of torch's, bit for bit.
+        let (reference, implementations) = match kind {
+            k if k.starts_with("la") => ("timm", [("foreach", TIMM), ("forloop", TIMM)]),
+            // torch has no fused RMSprop: ours takes its foreach step's operations.
+            k if k.starts_with("rmsprop") => ("torch", [("foreach", 0.0), ("forloop", FORLOOP)]),
+            _ => ("torch", [("fused", 0.0), ("forloop", FORLOOP)]),
         };
         for (implementation, bound) in implementations {
             let out = dir.path().join(format!("{kind}-{implementation}.safetensors"));

@@ -118,8 +118,12 @@ fn what_cannot_be_carried_is_named_and_bad_commands_are_refused() {
         "python train.py --model mobilenet_v3_large --opt rmsprop --ra-sampler --device cuda --cache-dataset \
          --foo 3 --test-only --model-ema-steps 16",
     );
+    // train.py's RMSprop is torch's with alpha 0.9 and eps 0.0316.
+    assert_eq!(
+        ["optimizer", "momentum", "rmsprop_alpha", "rmsprop_eps"].map(|k| get(&t, k).clone()),
+        ["rmsprop".into(), 0.9.into(), 0.9.into(), 0.0316.into()]
+    );
     for needle in [
-        "--opt rmsprop: ringtrain has no such optimizer",
         // train.py takes its RASampler only when distributed.
         "--ra-sampler: train.py run without a launcher is not distributed",
         "--device cuda: ringtrain takes the GPUs there are",
@@ -134,6 +138,7 @@ fn what_cannot_be_carried_is_named_and_bad_commands_are_refused() {
     for (command, needle) in [
         ("torchrun --nproc_per_node=8 train_quantization.py --model resnet18", "is not torchvision's references/classification/train.py"),
         ("python train.py --lr-scheduler polylr", "--lr-scheduler polylr"),
+        ("python train.py --opt adam", "--opt adam: torchvision's train.py takes sgd, sgd_nesterov, rmsprop or adamw"),
         ("python train.py --lr", "--lr of torchvision's train.py needs a value"),
         ("torchrun --nproc_per_node=gpu train.py", "give the number of processes per node"),
         ("python train.py --amp=1", "--amp of torchvision's train.py takes no value"),

@@ -367,3 +367,34 @@ fn val_names(data: &Path, ratio: f64, seed: u64) -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// torchvision's --model-ema (an average every --model-ema-steps optimizer steps, reset while
+/// the warm-up lasts) resumes as the rest does: stopped by SIGTERM inside the second epoch and
+/// resumed, the run ends bit-identical to one never stopped, its average included.
+#[test]
+fn a_model_ema_run_resumes_bit_identical() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_folder(&data, &["circle", "cross", "hexagon"], 20);
+    let model_ema = |out: &Path, extra: &[&str]| -> Vec<String> {
+        let mut v = args(&data, out, extra);
+        let at = v.iter().position(|a| a == "--ema").unwrap();
+        v.drain(at..at + 2);
+        let flags = ["--model-ema", "--model-ema-steps", "2", "--model-ema-decay", "0.99"];
+        v.extend(flags.into_iter().chain(["--lr-warmup-method", "linear"]).map(String::from));
+        v
+    };
+    let straight = d.path().join("straight");
+    let o = ringtrain(&model_ema(&straight, &[]));
+    assert!(o.status.success(), "{}", common::text(&o));
+    let term = d.path().join("term");
+    let code = interrupt(&model_ema(&term, &[]), "epoch 2/3 step 3/5", libc::SIGTERM);
+    assert_eq!(code, Some(143));
+    assert!(state(&term)["mid_epoch"]["steps"].as_u64().is_some(), "{}", state(&term));
+    let o = ringtrain(&model_ema(&term, &["--resume", "auto"]));
+    assert!(o.status.success(), "{}", common::text(&o));
+    assert_same_run(&straight, &term);
+    // The average is its own: not the weights.
+    let (m, e) = (straight.join("last/model.safetensors"), straight.join("last/model_ema.safetensors"));
+    assert!(std::fs::read(m).unwrap() != std::fs::read(e).unwrap());
+}

@@ -258,3 +258,62 @@ fn conflicting_pairs_are_refused_in_one_line() {
         assert!(stderr.contains("--data directory (or pack) does not exist"), "{flags:?}: {stderr}");
     }
 }
+
+/// A checkpoint keeps its evaluation crop: trained at 32 px with --val-crop-size 40
+/// (--val-resize-size 46), `eval` of it gives the run's own last validation loss and accuracy,
+/// and `predict` the probabilities `eval` gives, image by image. The same training evaluated at
+/// 32 px has another loss, so a tool that fell back to the training crop would be seen.
+#[test]
+fn a_checkpoint_evaluates_and_predicts_at_its_own_val_crop_size() {
+    let d = tempfile::tempdir().unwrap();
+    let (train, val) = (d.path().join("train"), d.path().join("val"));
+    let classes = ["Charlock", "Maize", "Sugar_beet"];
+    common::link_first(&common::shared_data("plant-seedlings/train"), &train, &classes, 30);
+    common::link_first(&common::shared_data("plant-seedlings/test"), &val, &classes, 10);
+    let flags = "--model resnet10-tiny --img-size 32 --epochs 2 --batch-size 16 --device cpu --seed 3 --workers 2";
+    let run = |name: &str, crops: &str| {
+        let out = d.path().join(name);
+        let o = common::ringtrain(&common::train_val_args(&train, &val, &out, &format!("{flags} {crops}")));
+        assert!(o.status.success(), "{}", common::text(&o));
+        let last = common::metrics_rows(&out).pop().unwrap();
+        (out, last)
+    };
+    // metrics.csv's columns: epoch, train_loss, train_top1, val_loss, val_top1, ...
+    let (out, last) = run("at40", "--val-crop-size 40 --val-resize-size 46");
+    let (_, at32) = run("at32", "--val-crop-size 32 --val-resize-size 37");
+    assert!((last[3] - at32[3]).abs() > 1e-3, "the crop changes nothing: {} and {}", last[3], at32[3]);
+
+    let checkpoint = out.join("last");
+    let eval_dir = d.path().join("eval");
+    let args = ["eval", "--checkpoint", checkpoint.to_str().unwrap(), "--data", val.to_str().unwrap()];
+    let o = common::ringtrain(&[&args[..], &["--device", "cpu", "--out", eval_dir.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", common::text(&o));
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(eval_dir.join("metrics.json")).unwrap()).unwrap();
+    let (loss, top1) = (m["loss"].as_f64().unwrap(), m["top1"].as_f64().unwrap());
+    // metrics.csv keeps six decimals.
+    assert!((loss - last[3]).abs() < 2e-6 && (top1 - last[4]).abs() < 2e-6, "eval {loss} {top1}, the run's {last:?}");
+
+    let csv = d.path().join("pred.csv");
+    let args = ["predict", "--checkpoint", checkpoint.to_str().unwrap(), "--data", val.to_str().unwrap()];
+    let o = common::ringtrain(&[&args[..], &["--device", "cpu", "--out", csv.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", common::text(&o));
+    let column = |path: &std::path::Path, name: &str| -> HashMap<String, f64> {
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let at = header.iter().position(|h| *h == name).unwrap();
+        lines
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[0].to_string(), f[at].parse().unwrap())
+            })
+            .collect()
+    };
+    let evaluated = column(&eval_dir.join("predictions.csv"), "probability");
+    let predicted = column(&csv, "probability");
+    assert_eq!(evaluated.len(), 30);
+    for (path, p) in &evaluated {
+        let q = predicted.get(path).unwrap_or_else(|| panic!("predict has no {path}"));
+        assert!((p - q).abs() < 2e-6, "{path}: eval {p}, predict {q}");
+    }
+}

@@ -18,7 +18,8 @@ use crate::data::load::normalize::Normalizer;
 use crate::data::source::{DataSpec, Dataset};
 use crate::data::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::device::synchronize as sync;
-use crate::data::augment::policy::{AutoAugment, Policy};
+use crate::data::augment::policy::{AutoPolicy, Policy, PolicyName};
+use crate::data::augment::timm_rand::TimmRand;
 use crate::say;
 
 #[derive(Debug, Clone)]
@@ -39,7 +40,7 @@ pub struct DataBenchOptions {
     /// The whole set on the device, batches made there (`--data-on-device`).
     pub on_device: bool,
     /// An augmentation policy after the crop and flip (`--auto-augment`).
-    pub auto_augment: Option<AutoAugment>,
+    pub auto_augment: Option<PolicyName>,
 }
 
 /// Images per second through the loader (and the step, with a model).
@@ -63,7 +64,16 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
             let crop = Transform::random_resized_crop(o.img_size, Interpolation::Bilinear);
             match o.auto_augment {
                 None => crop,
-                Some(kind) => crop.with_policy(Policy::torchvision(kind)),
+                Some(PolicyName::Torchvision(kind)) => {
+                    crop.with_policy(AutoPolicy::Torchvision(Policy::torchvision(kind)))
+                }
+                // As timm's training transform: ImageNet's mean colour as the fill, and the
+                // crop's bilinear filter.
+                Some(PolicyName::TimmRand(spec)) => crop.with_policy(AutoPolicy::TimmRand(TimmRand {
+                    spec,
+                    filter: crate::data::augment::pil::Filter::Bilinear,
+                    fill: IMAGENET_MEAN.map(|m| (255.0 * m).round_ties_even() as u8),
+                })),
             }
         },
         LoaderOptions {

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::config::{Metric, OptimizerKind, SchedKind, WarmupMethod};
 use crate::data::augment::erasing::EraseMode;
-use crate::data::augment::policy::AutoAugment;
+use crate::data::augment::policy::PolicyName;
 use crate::data::augment::transform::Interpolation;
 use crate::data::load::cache::CacheMode;
 use crate::device::DeviceSpec;
@@ -352,9 +352,10 @@ pub struct BenchDataArgs {
     #[arg(long)]
     pub data_on_device: bool,
     /// An augmentation policy after the crop and flip, as train's (the PyTorch side adds
-    /// torchvision's on its PIL images, as its reference recipe does).
+    /// torchvision's on its PIL images, as its reference recipe does, or timm's RandAugment
+    /// for a rand-… string).
     #[arg(long)]
-    pub auto_augment: Option<AutoAugment>,
+    pub auto_augment: Option<PolicyName>,
     #[command(flatten)]
     pub run: BenchRunArgs,
 }
@@ -570,6 +571,12 @@ pub struct TrainArgs {
     /// LARS's trust coefficient: a tensor's step is scaled by eta·‖w‖ / (‖g‖ + weight decay·‖w‖).
     #[arg(long)]
     pub lars_eta: Option<f64>,
+    /// RMSprop's smoothing constant: square_avg = alpha·square_avg + (1 - alpha)·g².
+    #[arg(long)]
+    pub rmsprop_alpha: Option<f64>,
+    /// RMSprop's eps, added to √square_avg.
+    #[arg(long)]
+    pub rmsprop_eps: Option<f64>,
     #[arg(long)]
     pub label_smoothing: Option<f64>,
     /// LR schedule after the warm-up (--lr-scheduler cosineannealinglr and steplr, torchvision's
@@ -762,9 +769,9 @@ pub struct TrainArgs {
     pub mix_switch_prob: Option<f64>,
     /// An augmentation policy after the crop and flip, as torchvision's: ta_wide
     /// (TrivialAugmentWide), ra (RandAugment), imagenet | cifar10 | svhn (AutoAugment's
-    /// policies) or augmix.
+    /// policies) or augmix; or timm's RandAugment by its string (rand-m9-mstd0.5-inc1).
     #[arg(long)]
-    pub auto_augment: Option<AutoAugment>,
+    pub auto_augment: Option<PolicyName>,
     /// ColorJitter after the flip, torchvision's: brightness,contrast,saturation[,hue], or one
     /// value for the first three (timm's --color-jitter 0.4).
     #[arg(long, value_delimiter = ',')]

@@ -212,8 +212,15 @@ pub fn translate(args: &[String]) -> Result<Translation> {
             set("momentum", Value::Float(num("--momentum", "0.9")?), "--momentum");
             set("nesterov", Value::Boolean(o.contains("nesterov")), "--opt");
         }
+        "rmsprop" => {
+            // train.py's RMSprop: torch's, with its own alpha and eps.
+            set("optimizer", Value::String("rmsprop".into()), "--opt");
+            set("momentum", Value::Float(num("--momentum", "0.9")?), "--momentum");
+            set("rmsprop_alpha", Value::Float(0.9), "--opt rmsprop (train.py's alpha)");
+            set("rmsprop_eps", Value::Float(0.0316), "--opt rmsprop (train.py's eps)");
+        }
         "adamw" => set("optimizer", Value::String("adamw".into()), "--opt"),
-        o => dropped.push(format!("--opt {o}: ringtrain has no such optimizer (sgd, sgd_nesterov, adamw carry over; lars and lamb are ringtrain's own); the configuration keeps ringtrain's sgd")),
+        o => bail_user!("--opt {o}: torchvision's train.py takes sgd, sgd_nesterov, rmsprop or adamw"),
     }
     set("lr", Value::Float(num("--lr", "0.1")?), "--lr");
     set("weight_decay", Value::Float(num("--weight-decay", "1e-4")?), "--weight-decay");
@@ -273,6 +280,11 @@ pub fn translate(args: &[String]) -> Result<Translation> {
     set("eval_resize", Value::Integer(int("--val-resize-size", "256")?), "--val-resize-size");
     set("interpolation", Value::String(value("--interpolation", "bilinear").to_lowercase()), "--interpolation");
     if let Some(Some(policy)) = given("--auto-augment") {
+        if !["ta_wide", "ra", "augmix", "imagenet", "cifar10", "svhn"].contains(&policy.as_str()) {
+            bail_user!(
+                "--auto-augment {policy}: torchvision's train.py takes ta_wide, ra, augmix, imagenet, cifar10 or svhn"
+            );
+        }
         set("auto_augment", Value::String(policy.clone()), "--auto-augment");
         match policy.as_str() {
             "ra" => set("ra_magnitude", Value::Integer(int("--ra-magnitude", "9")?), "--ra-magnitude"),

@@ -5,6 +5,12 @@
                      policy's own `_apply_image_or_video_transform`: OUT/cases.json, OUT/data.bin
   draws N W H        N draws of each policy on a WxH image, as counts of what it applied
                      (the operations are replaced by a recorder): JSON on stdout
+  timm_ops OUT IMAGE every operation of timm's RandAugment (plain and increasing) at magnitudes
+                     0..10 (and 15 with mmax 20) and both signs, through timm's own level and op
+                     functions on the PIL image resized to 45x38 and 40x40, bilinear and
+                     bicubic, filled with ImageNet's mean colour: OUT/cases.json, OUT/data.bin
+  timm_draws N W H CONFIG...  N draws of each timm RandAugment string: the operations each
+                     image got (counts) and each operation's arguments, JSON on stdout
 """
 import json
 import sys
@@ -149,8 +155,106 @@ def draws(n, w, h):
     json.dump(out, sys.stdout)
 
 
+# timm's training transform's hyper-parameters for its policies: ImageNet's mean as the fill.
+TIMM_FILL = tuple(min(255, round(255 * x)) for x in (0.485, 0.456, 0.406))
+TIMM_MAGNITUDES = [0, 1, 2.5, 4, 5, 6.3, 7.5, 9, 9.99, 10, 12]
+
+
+def timm_ops(out, path):
+    import random
+    from timm.data import auto_augment as aa
+    images, blobs, cases = [], [], []
+    offset = 0
+
+    def put(img):
+        nonlocal offset
+        b = np.asarray(img, dtype=np.uint8).tobytes()
+        blobs.append(b)
+        offset += len(b)
+        return offset - len(b)
+
+    pils = []
+    for w, h in SIZES:
+        im = Image.open(path).convert("RGB").resize((w, h), Image.BILINEAR)
+        images.append({"w": w, "h": h, "offset": put(im)})
+        pils.append(im)
+    filters = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+    hparams = dict(translate_const=250, img_mean=TIMM_FILL)
+    for increasing, mmax in [(False, None), (True, None), (True, 20)]:
+        names = aa._RAND_INCREASING_TRANSFORMS if increasing else aa._RAND_TRANSFORMS
+        hp = dict(hparams) if mmax is None else dict(hparams, magnitude_max=mmax)
+        for name in names:
+            level_fn, op_fn = aa.LEVEL_TO_ARG[name], aa.NAME_TO_OP[name]
+            for m in TIMM_MAGNITUDES + ([15, 20] if mmax else []):
+                # AugmentOp.__call__'s clipping, then the level function with its sign fixed
+                # (_randomly_negate negates when random.random() > 0.5).
+                clipped = max(0.0, min(m, mmax or aa._LEVEL_DENOM))
+                for negative in (False, True):
+                    saved = random.random
+                    random.random = (lambda: 0.9) if negative else (lambda: 0.1)
+                    try:
+                        args = level_fn(clipped, hp) if level_fn else ()
+                    finally:
+                        random.random = saved
+                    geometric = name in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+                    for fname in (filters if geometric else ["bilinear"]):
+                        for k, im in enumerate(pils):
+                            case = {
+                                "op": name, "increasing": increasing, "mmax": mmax, "magnitude": m,
+                                "negative": negative, "filter": fname, "image": k, "args": list(args),
+                            }
+                            try:
+                                got = op_fn(im, *args, fillcolor=TIMM_FILL, resample=filters[fname])
+                                case["offset"] = put(got.convert("RGB"))
+                            except ValueError as e:
+                                # Pillow 11+ refuses to keep 0 bits, which timm asks for at the
+                                # ends of its posterize ranges; earlier Pillows made the image black.
+                                case["refused"] = str(e)
+                            cases.append(case)
+    with open(f"{out}/data.bin", "wb") as f:
+        for b in blobs:
+            f.write(b)
+    with open(f"{out}/cases.json", "w") as f:
+        json.dump({"images": images, "cases": cases}, f)
+
+
+def timm_draws(n, w, h, configs):
+    import random
+    from timm.data.auto_augment import rand_augment_transform
+    random.seed(0)
+    np.random.seed(0)
+    img = Image.new("RGB", (w, h))
+    out = {}
+    for config in configs:
+        ra = rand_augment_transform(config, dict(translate_const=250, img_mean=TIMM_FILL))
+        applied = []
+        args = {}
+
+        def recorder(name):
+            def record(image, *a, **_):
+                applied.append(name)
+                args.setdefault(name, []).append(a[0] if a else 0.0)
+                return image
+            return record
+
+        for op in ra.ops:
+            op.aug_fn = recorder(op.name)
+        counts = {}
+        for _ in range(n):
+            applied.clear()
+            ra(img)
+            k = "|".join(applied)
+            counts[k] = counts.get(k, 0) + 1
+        out[config] = {"counts": counts, "args": args}
+    json.dump(out, sys.stdout)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "ops":
         ops(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "timm_ops":
+        timm_ops(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "timm_draws":
+        timm_draws(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
     else:
         draws(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))

@@ -326,7 +326,9 @@ def opt_grad(p, k):
 
 def optimizer(inp, out, kind, impl):
     """Runs torch.optim.{SGD, Adam, AdamW} (kind: sgd, sgd_nesterov, sgd_plain, adam, adamw) with
-    impl "fused" or "forloop", or timm.optim.{Lars, Lamb} (kind: lars, lars_nesterov, lamb; trust
+    impl "fused" or "forloop", torch.optim.RMSprop (kind: rmsprop with momentum 0.9, rmsprop_plain
+    without; torchvision's alpha 0.9 and eps 0.0316) with impl "foreach" or "forloop", or
+    timm.optim.{Lars, Lamb} (kind: lars, lars_nesterov, lamb; trust
     coefficient 0.001, Lamb's defaults) with impl "foreach" or "forloop", under
     torch.amp.GradScaler("cpu") (its defaults: scale 65536,
     dynamic) on the parameters in IN: groups body (decay), bn.* (no decay), fc.* (head, 10x lr);
@@ -339,7 +341,7 @@ def optimizer(inp, out, kind, impl):
     init = load_file(inp)
     ps = {k: torch.nn.Parameter(v.clone()) for k, v in init.items()}
     wd = {"sgd": 1e-4, "sgd_nesterov": 1e-3, "sgd_plain": 1e-2, "adam": 1e-2, "adamw": 0.05, "lars": 5e-5,
-          "lars_nesterov": 1e-3, "lamb": 0.02}[kind]
+          "lars_nesterov": 1e-3, "lamb": 0.02, "rmsprop": 1e-4, "rmsprop_plain": 1e-3}[kind]
     groups = [
         {"params": [ps["body.weight"]], "weight_decay": wd, "mult": 1.0},
         {"params": [ps["bn.bias"], ps["bn.weight"]], "weight_decay": 0.0, "mult": 1.0},
@@ -352,6 +354,9 @@ def optimizer(inp, out, kind, impl):
     elif kind == "lamb":
         import timm.optim
         opt = timm.optim.Lamb(groups, lr=0.1, **flags)
+    elif kind.startswith("rmsprop"):
+        momentum = 0.0 if kind == "rmsprop_plain" else 0.9
+        opt = torch.optim.RMSprop(groups, lr=0.1, momentum=momentum, alpha=0.9, eps=0.0316, **flags)
     elif kind.startswith("sgd"):
         momentum = 0.0 if kind == "sgd_plain" else 0.9
         opt = torch.optim.SGD(groups, lr=0.1, momentum=momentum, nesterov=kind == "sgd_nesterov", **flags)

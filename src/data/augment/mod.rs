@@ -2,10 +2,13 @@
 //! flip, padding (`transform.rs`) and erasing (`erasing.rs`); on the device, on each batch:
 //! Mixup and CutMix (`mixup.rs`). On the host too, after the flip: the augmentation policies
 //! (`policy.rs`: TrivialAugmentWide, RandAugment, AutoAugment, AugMix) and their operations
-//! (`ops.rs`), and ColorJitter (`jitter.rs`). Uses `pixels` only.
+//! (`ops.rs`), timm's RandAugment (`timm_rand.rs`) on PIL's arithmetic (`pil.rs`), and
+//! ColorJitter (`jitter.rs`). Uses `pixels` only.
 pub mod erasing;
 pub mod jitter;
 pub mod mixup;
 pub mod ops;
+pub mod pil;
 pub mod policy;
+pub mod timm_rand;
 pub mod transform;

@@ -368,7 +368,7 @@ pub fn hue(img: &mut Image, factor: f64) {
 }
 
 /// `posterize_image`: the top `bits` bits of each value.
-fn posterize(img: &mut Image, bits: u32) {
+pub fn posterize(img: &mut Image, bits: u32) {
     if bits >= 8 {
         return;
     }
@@ -396,7 +396,7 @@ fn autocontrast(img: &mut Image) {
 }
 
 /// `equalize_image`: PIL's histogram equalisation, per channel, in integers.
-fn equalize(img: &mut Image) {
+pub fn equalize(img: &mut Image) {
     let n = img.px.len() / 3;
     for c in 0..3 {
         let mut hist = [0usize; 256];

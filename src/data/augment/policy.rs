@@ -6,6 +6,7 @@ use rand::Rng;
 use rand_distr::{Distribution, Gamma};
 
 use super::ops::{self, Image, Op, Sampling};
+use super::timm_rand::{TimmRand, TimmRandSpec};
 
 crate::flag_enum! {
     /// `--auto-augment`: torchvision's reference names (`train.py --auto-augment`).
@@ -16,6 +17,52 @@ crate::flag_enum! {
         Cifar10 = "cifar10",
         Svhn = "svhn",
         Augmix = "augmix",
+    }
+}
+
+/// `--auto-augment`: one of torchvision's policies by name, or timm's RandAugment by its string.
+#[derive(Debug, Clone, Copy, PartialEq, serde_with::SerializeDisplay, serde_with::DeserializeFromStr)]
+pub enum PolicyName {
+    Torchvision(AutoAugment),
+    TimmRand(TimmRandSpec),
+}
+
+impl std::str::FromStr for PolicyName {
+    type Err = crate::error::UserError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s == "rand" || s.starts_with("rand-") {
+            true => s.parse().map(PolicyName::TimmRand),
+            false => s.parse().map(PolicyName::Torchvision).map_err(|e: crate::error::UserError| {
+                crate::error::UserError(format!("{}, or timm's RandAugment string (rand-m9-mstd0.5-inc1)", e.0))
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicyName::Torchvision(k) => k.fmt(f),
+            PolicyName::TimmRand(s) => s.fmt(f),
+        }
+    }
+}
+
+/// A policy as the pipeline runs it: torchvision's, or timm's RandAugment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AutoPolicy {
+    Torchvision(Policy),
+    TimmRand(TimmRand),
+}
+
+impl AutoPolicy {
+    /// Draws and applies the policy to a size×size image.
+    pub fn apply(&self, px: &mut [u8], size: usize, rng: &mut impl Rng) {
+        match self {
+            AutoPolicy::Torchvision(p) => p.apply(px, size, rng),
+            AutoPolicy::TimmRand(t) => t.apply(px, size, rng),
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use rand::Rng;
 
 use super::erasing::RandomErasing;
 use super::jitter::ColorJitter;
-use super::policy::Policy;
+use super::policy::AutoPolicy;
 use crate::data::pixels::{CropBox, RgbView};
 
 crate::flag_enum! {
@@ -50,7 +50,7 @@ pub enum Transform {
         interpolation: Interpolation,
         /// `--color-jitter` after the flip, then `--auto-augment`'s policy, before erasing.
         color_jitter: Option<ColorJitter>,
-        policy: Option<Policy>,
+        policy: Option<AutoPolicy>,
     },
     Eval {
         size: u32,
@@ -312,7 +312,7 @@ impl Transform {
     }
 
     /// The training transform with `p` after its flip.
-    pub fn with_policy(mut self, p: Policy) -> Self {
+    pub fn with_policy(mut self, p: AutoPolicy) -> Self {
         if let Transform::Train { policy, .. } = &mut self {
             *policy = Some(p);
         }

@@ -1,5 +1,6 @@
 //! SGD, Adam and AdamW with PyTorch's update rules, on torch.optim's fused kernels (reached
-//! through the shim), and LARS and LAMB with timm's, on ATen's foreach kernels; their state is
+//! through the shim), RMSprop on torch.optim's foreach kernels, and LARS and LAMB with timm's,
+//! on ATen's foreach kernels; their state is
 //! held here in the open so checkpoints can save and restore it by parameter name. Parameters
 //! fall into groups that differ in learning-rate multiplier (`--head-lr-mult`), weight decay
 //! (`--no-bn-weight-decay`) and, for LARS and LAMB, whether the trust ratio applies.
@@ -10,7 +11,7 @@ use tch::{Kind, Tensor};
 
 use crate::config::{OptimizerKind, TrainConfig};
 use crate::model::LayerMap;
-use crate::shim::{self, AdamParams, LambParams, LarsParams, Lr, SgdParams};
+use crate::shim::{self, AdamParams, LambParams, LarsParams, Lr, RmspropParams, SgdParams};
 
 /// timm.optim.Lars's eps, in the trust ratio's denominator.
 const LARS_EPS: f64 = 1e-8;
@@ -50,6 +51,13 @@ enum GroupState {
         /// The group's step count (timm keeps one per group), a float32 scalar on the device.
         step: Tensor,
     },
+    Rmsprop {
+        square_avg: Vec<Tensor>,
+        /// Momentum buffers (empty when momentum is 0), starting at zero as torch's.
+        bufs: Vec<Tensor>,
+        /// float32 scalars on the parameter's device, as torch keeps them.
+        step: Vec<Tensor>,
+    },
 }
 
 impl GroupState {
@@ -68,6 +76,11 @@ impl GroupState {
                 exp_avg_sq,
                 step,
             } => vec![("exp_avg", &exp_avg[i]), ("exp_avg_sq", &exp_avg_sq[i]), ("step", step)],
+            GroupState::Rmsprop { square_avg, bufs, step } => {
+                let mut e = vec![("square_avg", &square_avg[i]), ("step", &step[i])];
+                e.extend(bufs.get(i).map(|b| ("momentum_buffer", b)));
+                e
+            }
         }
     }
 }
@@ -77,6 +90,7 @@ pub struct Optimizer {
     momentum: f64,
     nesterov: bool,
     lars_eta: f64,
+    rmsprop: (f64, f64),
     pub groups: Vec<Group>,
 }
 
@@ -133,16 +147,16 @@ impl Optimizer {
             .map(|((mult, wd, adapt), ps)| {
                 let params: Vec<Tensor> = ps.iter().map(|p| p.1.shallow_clone()).collect();
                 let zeros = || -> Vec<Tensor> { params.iter().map(|p| p.zeros_like()).collect() };
+                let steps = || -> Vec<Tensor> {
+                    params.iter().map(|p| Tensor::zeros([], (Kind::Float, p.device()))).collect()
+                };
                 let state = match cfg.optimizer {
                     OptimizerKind::Sgd if cfg.momentum == 0.0 => GroupState::Sgd { bufs: Vec::new() },
                     OptimizerKind::Sgd => GroupState::Sgd { bufs: zeros() },
                     OptimizerKind::Adam | OptimizerKind::Adamw => GroupState::Adam {
                         exp_avg: zeros(),
                         exp_avg_sq: zeros(),
-                        step: params
-                            .iter()
-                            .map(|p| Tensor::zeros([], (Kind::Float, p.device())))
-                            .collect(),
+                        step: steps(),
                     },
                     OptimizerKind::Lars if cfg.momentum == 0.0 => GroupState::Lars { bufs: Vec::new() },
                     OptimizerKind::Lars => GroupState::Lars { bufs: zeros() },
@@ -150,6 +164,14 @@ impl Optimizer {
                         exp_avg: zeros(),
                         exp_avg_sq: zeros(),
                         step: Tensor::zeros([], (Kind::Float, params.first().map_or(tch::Device::Cpu, |p| p.device()))),
+                    },
+                    OptimizerKind::Rmsprop => GroupState::Rmsprop {
+                        square_avg: zeros(),
+                        bufs: match cfg.momentum == 0.0 {
+                            true => Vec::new(),
+                            false => zeros(),
+                        },
+                        step: steps(),
                     },
                 };
                 Group {
@@ -167,6 +189,7 @@ impl Optimizer {
             momentum: cfg.momentum,
             nesterov: cfg.nesterov,
             lars_eta: cfg.lars_eta,
+            rmsprop: (cfg.rmsprop_alpha, cfg.rmsprop_eps),
             groups,
         }
     }
@@ -187,7 +210,8 @@ impl Optimizer {
     /// the kernels). Parameters without a gradient are left alone, as in torch. With
     /// `found_inf` holding 1 (an fp16 overflow) the step changes nothing, decided on the device.
     pub fn step(&mut self, lr: Lr, found_inf: Option<&Tensor>) -> Result<()> {
-        let (momentum, nesterov, kind, lars_eta) = (self.momentum, self.nesterov, self.kind, self.lars_eta);
+        let (momentum, nesterov, kind, lars_eta, rmsprop) =
+            (self.momentum, self.nesterov, self.kind, self.lars_eta, self.rmsprop);
         // LAMB clips the global gradient norm of all groups itself, before any group steps.
         let lamb_clip = match kind {
             OptimizerKind::Lamb => {
@@ -281,12 +305,22 @@ impl Optimizer {
                     let (m, v) = (pick(exp_avg), pick(exp_avg_sq));
                     shim::lamb(&params, &grads, &m, &v, step, lamb_clip.as_ref(), lr, h, found_inf)?;
                 }
+                GroupState::Rmsprop { square_avg, bufs, step } => {
+                    let h = RmspropParams {
+                        alpha: rmsprop.0,
+                        eps: rmsprop.1,
+                        weight_decay: g.weight_decay,
+                        momentum,
+                    };
+                    let (v, b, s) = (pick(square_avg), pick(bufs), pick(step));
+                    shim::rmsprop(&params, &grads, &v, &b, &s, lr, h, found_inf)?;
+                }
             }
         }
         Ok(())
     }
 
-    /// The state as named tensors, `<parameter>.<momentum_buffer|exp_avg|exp_avg_sq|step>`
+    /// The state as named tensors, `<parameter>.<momentum_buffer|exp_avg|exp_avg_sq|square_avg|step>`
     /// (torch.optim's and timm's state keys), for `optimizer.safetensors`.
     pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
