@@ -391,7 +391,8 @@ fn autocontrast(img: &mut Image) {
             true => (0.0, 1.0),
             false => (lo as f32, (hi as f32 - lo as f32) * (1.0f32 / 255.0)),
         };
-        img.px.iter_mut().skip(c).step_by(3).for_each(|v| *v = to_u8((*v as f32 - lo) / scale));
+        let lut: Vec<u8> = (0..=255u8).map(|v| to_u8((v as f32 - lo) / scale)).collect();
+        img.px.iter_mut().skip(c).step_by(3).for_each(|v| *v = lut[*v as usize]);
     }
 }
 
