@@ -68,6 +68,15 @@ pub enum WarmupMethod {
     Constant,
 }
 
+/// When the learning rate moves: every optimizer step (ringtrain's, timm's `sched_on_updates`),
+/// or at each epoch's start (torchvision's train.py, whose scheduler steps once an epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedInterval {
+    Step,
+    Epoch,
+}
+
 /// The validation metric that picks the best checkpoint and drives ReduceLROnPlateau and early
 /// stopping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -140,6 +149,8 @@ pub struct TrainConfig {
     pub rmsprop_eps: f64,
     pub label_smoothing: f64,
     pub sched: SchedKind,
+    /// Whether the schedule moves every step or once an epoch (its value at the epoch's start).
+    pub sched_interval: SchedInterval,
     pub warmup_epochs: f64,
     /// torchvision's warm-up (`--lr-warmup-method`): linear from lr · lr_warmup_decay to lr, or
     /// constant at lr · lr_warmup_decay, and the main schedule restarted after it (SequentialLR).
@@ -335,6 +346,7 @@ impl Default for TrainConfig {
             sched: SchedKind::Cosine,
             warmup_epochs: 0.0,
             lr_warmup_method: None,
+            sched_interval: SchedInterval::Step,
             lr_warmup_decay: None,
             eta_min: 0.0,
             t_max: None,

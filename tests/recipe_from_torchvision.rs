@@ -95,6 +95,8 @@ fn launchers_give_the_global_batch_and_train_py_its_defaults() {
         ("momentum", 0.9.into()),
         ("weight_decay", 0.0001.into()),
         ("sched", "step".into()),
+        // Its scheduler steps once an epoch.
+        ("sched_interval", "epoch".into()),
         ("step_size", 30.into()),
         ("gamma", 0.1.into()),
         ("warmup_epochs", 0.0.into()),

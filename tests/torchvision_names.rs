@@ -90,6 +90,14 @@ for e in range({epochs}):
             "linear" => assert!(mid > want[1] && mid < want[2], "{mid}"),
             _ => assert_eq!(mid, want[1]),
         }
+        // Once an epoch (recipe from-torchvision's setting): every step of epoch e at torch's
+        // value for e, as train.py's loop runs it.
+        let c = config(&format!("{}\nsched_interval = \"epoch\"", argv.replace("lr_min", "eta_min")));
+        let s = LrSchedule::new(&c, spe);
+        for step in 0..epochs * spe {
+            let (g, w) = (s.lr_at(step, &PlateauState::default()), want[step / spe]);
+            assert!((g - w).abs() <= 1e-12 * w.abs().max(1e-3), "{method}/{main} step {step}: {g} vs {w}");
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use crate::config::{Metric, OptimizerKind, SchedKind, WarmupMethod};
+use crate::config::{Metric, OptimizerKind, SchedInterval, SchedKind, WarmupMethod};
 use crate::data::augment::erasing::EraseMode;
 use crate::data::augment::policy::PolicyName;
 use crate::data::augment::transform::Interpolation;
@@ -598,6 +598,10 @@ pub struct TrainArgs {
     /// The factor of --lr-warmup-method, in (0, 1].
     #[arg(long)]
     pub lr_warmup_decay: Option<f64>,
+    /// When the learning rate moves: every optimizer step, or once an epoch (each epoch at the
+    /// schedule's value at its start, as torchvision's train.py steps its scheduler).
+    #[arg(long, value_enum)]
+    pub sched_interval: Option<SchedInterval>,
     /// The cosine's floor (torchvision's --lr-min).
     #[arg(long, visible_alias = "lr-min")]
     pub eta_min: Option<f64>,

@@ -272,7 +272,8 @@ pub fn translate(args: &[String]) -> Result<Translation> {
         set("lr_warmup_method", Value::String(method), "--lr-warmup-method");
         set("lr_warmup_decay", Value::Float(num("--lr-warmup-decay", "0.01")?), "--lr-warmup-decay");
     }
-    notes.push("the learning rate moves every optimizer step in ringtrain, once an epoch in torchvision (equal at each epoch's first step)".into());
+    // train.py steps its scheduler once an epoch.
+    set("sched_interval", Value::String("epoch".into()), "train.py's lr_scheduler.step() once an epoch");
 
     // The images: train.py's crops and filter, written out (ringtrain's follow the model).
     set("img_size", Value::Integer(int("--train-crop-size", "224")?), "--train-crop-size");

@@ -1,11 +1,12 @@
 //! Learning rate per optimizer step: linear warm-up, then cosine annealing (PyTorch's
 //! CosineAnnealingLR closed form, per step), polynomial decay (MLPerf's), step or multistep
-//! decay, constant, or ReduceLROnPlateau (per epoch, on the monitored metric); optionally a constant LR from a given
-//! epoch on. Everything but the plateau's state is a pure function of the step, so a resumed
+//! decay, constant, or ReduceLROnPlateau (per epoch, on the monitored metric); optionally a
+//! constant LR from a given epoch on; with `--sched-interval epoch` held at each epoch's value
+//! at its first step. Everything but the plateau's state is a pure function of the step, so a resumed
 //! run needs only the step count and `PlateauState`.
 use serde::{Deserialize, Serialize};
 
-use crate::config::{SchedKind, TrainConfig, WarmupMethod};
+use crate::config::{SchedInterval, SchedKind, TrainConfig, WarmupMethod};
 
 #[derive(Debug, Clone)]
 pub struct LrSchedule {
@@ -13,6 +14,8 @@ pub struct LrSchedule {
     base: f64,
     eta_min: f64,
     steps_per_epoch: usize,
+    /// Once an epoch: every step takes the value of its epoch's first step.
+    per_epoch: bool,
     warmup_steps: usize,
     /// torchvision's warm-up (method, factor); None: ringtrain's ramp.
     warmup_shape: Option<(WarmupMethod, f64)>,
@@ -52,6 +55,7 @@ impl LrSchedule {
             base: cfg.lr,
             eta_min: cfg.eta_min,
             steps_per_epoch: spe,
+            per_epoch: cfg.sched_interval == SchedInterval::Epoch,
             warmup_steps: (cfg.warmup_epochs * spe as f64).round() as usize,
             warmup_shape: cfg.lr_warmup_method.map(|m| (m, cfg.lr_warmup_decay.unwrap_or(0.01))),
             cosine_steps: (cfg.t_max() * spe as f64).round() as usize,
@@ -79,6 +83,10 @@ impl LrSchedule {
         if let Some(r) = &self.ramp {
             return r.lr_at(step);
         }
+        let step = match self.per_epoch {
+            true => step - step % self.steps_per_epoch,
+            false => step,
+        };
         if self.constant_from_step.is_some_and(|s| step >= s) {
             return self.constant_lr;
         }
