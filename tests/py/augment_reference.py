@@ -34,16 +34,30 @@ def policies():
     }
 
 
-def ops(out, paths):
-    images, blobs, cases = [], [], []
-    offset = 0
+class Blobs:
+    """Images as one byte string (OUT/data.bin), each at the offset `put` returns, and the index
+    of images and cases (OUT/cases.json)."""
 
-    def put(arr):
-        nonlocal offset
-        b = np.ascontiguousarray(arr, dtype=np.uint8).tobytes()
-        blobs.append(b)
-        offset += len(b)
-        return offset - len(b)
+    def __init__(self):
+        self.blobs, self.offset = [], 0
+
+    def put(self, arr):
+        b = np.ascontiguousarray(np.asarray(arr), dtype=np.uint8).tobytes()
+        self.blobs.append(b)
+        self.offset += len(b)
+        return self.offset - len(b)
+
+    def save(self, out, images, cases):
+        with open(f"{out}/data.bin", "wb") as f:
+            for b in self.blobs:
+                f.write(b)
+        with open(f"{out}/cases.json", "w") as f:
+            json.dump({"images": images, "cases": cases}, f)
+
+
+def ops(out, paths):
+    images, cases = [], []
+    put = (blobs := Blobs()).put
 
     tensors = []
     for p in paths:
@@ -77,11 +91,7 @@ def ops(out, paths):
                 "policy": "color_jitter", "op": "Hue", "bin": None, "negative": False, "magnitude": factor,
                 "interpolation": "nearest", "image": k, "offset": put(got.permute(1, 2, 0).numpy()),
             })
-    with open(f"{out}/data.bin", "wb") as f:
-        for b in blobs:
-            f.write(b)
-    with open(f"{out}/cases.json", "w") as f:
-        json.dump({"images": images, "cases": cases}, f)
+    blobs.save(out, images, cases)
 
 
 def key(op, mag):
@@ -163,16 +173,8 @@ TIMM_MAGNITUDES = [0, 1, 2.5, 4, 5, 6.3, 7.5, 9, 9.99, 10, 12]
 def timm_ops(out, path):
     import random
     from timm.data import auto_augment as aa
-    images, blobs, cases = [], [], []
-    offset = 0
-
-    def put(img):
-        nonlocal offset
-        b = np.asarray(img, dtype=np.uint8).tobytes()
-        blobs.append(b)
-        offset += len(b)
-        return offset - len(b)
-
+    images, cases = [], []
+    put = (blobs := Blobs()).put
     pils = []
     for w, h in SIZES:
         im = Image.open(path).convert("RGB").resize((w, h), Image.BILINEAR)
@@ -211,11 +213,7 @@ def timm_ops(out, path):
                                 # ends of its posterize ranges; earlier Pillows made the image black.
                                 case["refused"] = str(e)
                             cases.append(case)
-    with open(f"{out}/data.bin", "wb") as f:
-        for b in blobs:
-            f.write(b)
-    with open(f"{out}/cases.json", "w") as f:
-        json.dump({"images": images, "cases": cases}, f)
+    blobs.save(out, images, cases)
 
 
 def timm_draws(n, w, h, configs):

@@ -377,7 +377,7 @@ pub fn posterize(img: &mut Image, bits: u32) {
 }
 
 /// `solarize_image`: values at or above the threshold inverted (compared in float32).
-fn solarize(img: &mut Image, threshold: f64) {
+pub fn solarize(img: &mut Image, threshold: f64) {
     let t = threshold as f32;
     img.px.iter_mut().filter(|v| **v as f32 >= t).for_each(|v| *v = !*v);
 }

@@ -2,7 +2,7 @@
 //! where PIL's arithmetic is not torchvision's (`ops.rs`): its affine transform (bilinear or
 //! bicubic in doubles, edges clamped, a fill colour outside the image, truncated), its
 //! ImageEnhance blends (float32, truncated), ImageOps.autocontrast's table and timm's
-//! solarize-add table. `tests/timm_rand_augment.rs` checks them against timm's calls of PIL.
+//! solarize-add table. `tests/augment_policies.rs` checks them against timm's calls of PIL.
 use super::ops::Image;
 
 /// PIL's resampling filters for `Image.transform`.
@@ -199,11 +199,6 @@ pub fn autocontrast(img: &mut Image) {
 /// timm's `solarize_add`: `add` added to the values below `threshold`, capped at 255.
 pub fn solarize_add(img: &mut Image, add: u32, threshold: u32) {
     img.px.iter_mut().filter(|v| (**v as u32) < threshold).for_each(|v| *v = (*v as u32 + add).min(255) as u8);
-}
-
-/// `ImageOps.solarize(img, threshold)`: the values at or above `threshold` inverted.
-pub fn solarize(img: &mut Image, threshold: u32) {
-    img.px.iter_mut().filter(|v| **v as u32 >= threshold).for_each(|v| *v = !*v);
 }
 
 #[cfg(test)]

@@ -256,7 +256,8 @@ impl TimmRand {
             TimmOp::Invert => img.px.iter_mut().for_each(|v| *v = !*v),
             TimmOp::Rotate => pil::rotate(img, a, filter, fill),
             TimmOp::Posterize => ops::posterize(img, a as u32),
-            TimmOp::Solarize => pil::solarize(img, a as u32),
+            // PIL's solarize is torchvision's: at or above the (whole) threshold, inverted.
+            TimmOp::Solarize => ops::solarize(img, a),
             TimmOp::SolarizeAdd => pil::solarize_add(img, a as u32, 128),
             TimmOp::Color => pil::color(img, a),
             TimmOp::Contrast => pil::contrast(img, a),
