@@ -788,6 +788,9 @@ impl TrainConfig {
     pub fn preflight(&self) -> Result<()> {
         self.check()?;
         for (flag, path) in [("--data", &self.data), ("--val", &self.val)] {
+            if let Some(p) = path {
+                crate::data::source::refuse_remote(p, flag)?;
+            }
             if let Some(p) = path.as_ref().filter(|p| !p.exists() && !crate::data::source::is_sharded(p)) {
                 bail_user!("{flag} directory (or pack) does not exist: {}", p.display());
             }

@@ -185,3 +185,55 @@ fn malformed_label_files_are_one_line_each() {
         "has classes the model does not know: [\"emu\"]",
     );
 }
+
+/// A label file as spreadsheets export it in many locales, written by Python's csv module: `;`,
+/// a tab or `|` between the columns, a byte-order mark, CRLF line ends, a third column whose
+/// values hold the other delimiters (decimal commas; quoted where they hold the file's own), and
+/// labels that are class numbers 0…11. Python's csv.Sniffer finds the delimiter each file was
+/// written with and its csv module reads the rows back; ringtrain reads every form as the ImageFolder of the same images: the same
+/// classes and exactly its batches, so label k is output k (sorted as text, "10" would come
+/// before "2").
+#[test]
+fn spreadsheet_exports_and_class_numbers_read_as_the_folder() {
+    let d = tempfile::tempdir().unwrap();
+    let tree = d.path().join("tree");
+    let all = shared_data("plant-seedlings/train");
+    let mut names: Vec<String> = std::fs::read_dir(&all).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names.len(), 12);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    link_first(&all, &tree, &names, 2);
+    let folder = Dataset::open(&tree, "--data").unwrap();
+    let flat = d.path().join("images");
+    std::fs::create_dir(&flat).unwrap();
+    let mut rows = Vec::new();
+    for i in 0..folder.len() {
+        std::os::unix::fs::symlink(folder.samples.path(i), flat.join(format!("{i}.png"))).unwrap();
+        rows.push(format!("['{i}.png', {}, '{},5']", folder.samples.label(i), folder.samples.label(i)));
+    }
+    let forms = [(",", "utf-8"), (";", "utf-8-sig"), ("\t", "utf-8"), ("|", "utf-8-sig")];
+    let found = run_python_code(&format!(
+        "import csv, os\nrows = [{}]\nfor i, (delim, enc) in enumerate({forms:?}):\n    \
+         path = os.path.join({:?}, f'{{i}}.csv')\n    \
+         with open(path, 'w', newline='', encoding=enc) as f:\n        \
+         w = csv.writer(f, delimiter=delim)\n        w.writerow(['image', 'label', 'score'])\n        w.writerows(rows)\n    \
+         dialect = csv.Sniffer().sniff(open(path, encoding='utf-8-sig').read(), delimiters=',;\\t|')\n    \
+         back = list(csv.reader(open(path, encoding='utf-8-sig', newline=''), dialect))\n    \
+         assert back[1:] == [[str(v) for v in r] for r in rows], back\n    \
+         print(repr(dialect.delimiter))\n",
+        rows.join(", "),
+        d.path().to_str().unwrap()
+    ));
+    assert_eq!(found.split_whitespace().collect::<Vec<_>>(), ["','", "';'", "'\\t'", "'|'"], "{found}");
+    let want = eval_batches(&tree);
+    let numbers: Vec<String> = (0..12).map(|k| k.to_string()).collect();
+    for (i, (delim, encoding)) in forms.iter().enumerate() {
+        let csv = d.path().join(format!("{i}.csv"));
+        let text = std::fs::read(&csv).unwrap();
+        assert_eq!(text.starts_with(b"\xEF\xBB\xBF"), *encoding == "utf-8-sig");
+        assert!(text.ends_with(b"\r\n"));
+        let set = Dataset::open(labels(&flat, &csv), "--data").unwrap_or_else(|e| panic!("{delim}: {e}"));
+        assert_eq!(set.classes, numbers, "{delim}");
+        assert_eq!(eval_batches(labels(&flat, &csv)), want, "{delim}");
+    }
+}

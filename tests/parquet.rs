@@ -143,3 +143,53 @@ pq.write_table(t, {bad:?}, row_group_size=4)
     let o = ringtrain(&train(&bad, &format!("{flags} --strict --overwrite")));
     assert_ne!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// `Dataset.to_parquet` of a set made from image paths, as `datasets` writes it: the Image
+/// struct with null bytes and the path, absolute or (here, for half the rows) relative to where
+/// the set was made, beside the parquet file. ringtrain reads each row's file, as `datasets`
+/// does: the labels and image bytes the library reads back, and the folder's batches, from any
+/// current directory. A path that names no file is one line naming it.
+#[test]
+fn rows_without_bytes_read_the_files_their_paths_name() {
+    let d = tempfile::tempdir().unwrap();
+    let want = run_python_code(&format!(
+        r#"
+import hashlib, os
+from datasets import ClassLabel, Dataset, Features, Image
+{seedlings}
+os.makedirs(f"{{out}}/set/images")
+os.chdir(f"{{out}}/set")
+paths = []
+for i, (p, _) in enumerate(items):
+    os.symlink(p, f"images/{{i}}.png")
+    paths.append(p if i % 2 else f"images/{{i}}.png")
+features = Features({{"image": Image(), "label": ClassLabel(names=classes)}})
+ds = Dataset.from_dict({{"image": paths, "label": [c for _, c in items]}}, features=features)
+ds.to_parquet("train.parquet", batch_size=4)
+import pyarrow.parquet as pq
+stored = pq.read_table("train.parquet").column("image").combine_chunks()
+assert stored.field("bytes").null_count == len(items), "datasets embedded the bytes"
+back = Dataset.from_parquet("train.parquet")
+print(",".join(back.features["label"].names))
+for row, path in zip(back.cast_column("image", Image(decode=False)), paths):
+    assert row["image"]["bytes"] is None and row["image"]["path"] == path
+    print(row["label"], hashlib.sha256(open(path, "rb").read()).hexdigest())
+assert [r["image"].size for r in back] == [(150, 150)] * len(items)
+"#,
+        seedlings = common::first_seedlings_py(d.path()),
+    ));
+    let file = d.path().join("set/train.parquet");
+    let set = Dataset::open(&file, "--data").unwrap();
+    let mut got = set.classes.join(",") + "\n";
+    for i in 0..set.len() {
+        got += &format!("{} {}\n", set.samples.label(i), sample_sha256(&set.samples, i));
+    }
+    assert_eq!(got, want);
+    assert_eq!(eval_batches(&file), eval_batches(d.path().join("tree")));
+
+    std::fs::remove_file(d.path().join("set/images/4.png")).unwrap();
+    expect_user_error(
+        &argv("train --data {} --out {} --device cpu --model resnet10-tiny --img-size 32 --epochs 1 --batch-size 4 --workers 1 --strict", &[&file, &d.path().join("run")]),
+        "a row without image bytes names images/4.png, which cannot be read",
+    );
+}

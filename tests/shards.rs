@@ -147,3 +147,31 @@ fn cut_shards_bad_patterns_and_two_ranks() {
     assert_eq!(one.status.code(), Some(2), "{said}");
     assert!(said.contains("1 shard(s) for 2 ranks"), "{said}");
 }
+
+/// What names no local path, refused before anything starts by every command that reads data:
+/// WebDataset's `pipe:` URLs (one line saying what to give instead) and object-store or web
+/// locations (not read yet).
+#[test]
+fn pipe_and_remote_locations_are_one_line_each() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("run");
+    for (data, needle) in [
+        ("pipe:curl -s https://example.com/train-{000000..000009}.tar", "ringtrain runs no command to read data (WebDataset's pipe: URLs)"),
+        ("s3://bucket/train-{000000..000009}.tar", "not s3:// locations yet"),
+        ("https://example.com/data/train-*.parquet", "not https:// locations yet"),
+        ("gs://bucket/imagenet", "not gs:// locations yet"),
+    ] {
+        let (out, here) = (out.to_str().unwrap(), d.path().to_str().unwrap());
+        let pack = d.path().join("p.pack");
+        for args in [
+            vec!["train", "--data", data, "--out", out, "--device", "cpu"],
+            vec!["train", "--data", here, "--val", data, "--out", out, "--device", "cpu"],
+            vec!["stats", "--data", data],
+            vec!["pack", "--data", data, "--out", pack.to_str().unwrap()],
+            vec!["bench-data", "--data", data],
+        ] {
+            expect_user_error(&args, needle);
+        }
+    }
+    assert!(!out.exists());
+}

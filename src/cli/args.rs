@@ -200,7 +200,8 @@ pub struct SourceArgs {
     #[arg(long)]
     pub data: PathBuf,
     /// A CSV file labelling --data's images, one row each, header first: the image (its path
-    /// under --data, with or without the extension, or its file name) and its class name.
+    /// under --data, with or without the extension, or its file name) and its class name (or
+    /// number: integer labels are the classes 0…max); columns separated by , ; tab or |.
     #[arg(long)]
     pub labels: Option<PathBuf>,
     /// The label file's (parquet files') image column by name (tar shards: the image member's
@@ -508,7 +509,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub val_split: Option<f64>,
     /// A CSV file labelling --data's images, one row each, header first: the image (its path
-    /// under --data, with or without the extension, or its file name) and its class name.
+    /// under --data, with or without the extension, or its file name) and its class name (or
+    /// number: integer labels are the classes 0…max); columns separated by , ; tab or |.
     #[arg(long)]
     pub labels: Option<PathBuf>,
     /// A CSV file labelling --val's images (--data's folder's, when no --val is given).

@@ -1,8 +1,12 @@
 //! A folder of images with a label file (`--labels train.csv`): how most Kaggle competitions and
 //! medical sets come. One row per image: an image column (a path under the folder, with or
 //! without its extension, or just the file's name where the images sit in a sub-folder) and a
-//! label column (a class name). Classes are the distinct labels sorted as ImageFolder sorts its
-//! folders; samples are the rows, in the file's order.
+//! label column (a class name, or a class number). Classes follow the rule every source follows
+//! (`common::class_list`): labels that are all integers are the classes 0…max by number, other
+//! labels the distinct names sorted as ImageFolder sorts its folders; samples are the rows, in the
+//! file's order. The delimiter is sniffed (`sniff_delimiter`), so a file a spreadsheet exported
+//! with `;` (or tabs, or `|`) reads as one with commas; a byte-order mark and CRLF line ends are
+//! taken as they come.
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -10,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::common::{walk_sorted, Files};
+use super::common::{class_index, class_list, walk_sorted, Files};
 use super::interface::{Columns, Opened, SourceKind};
 use crate::bail_user;
 use crate::report::progress::warn;
@@ -28,7 +32,8 @@ pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str)
         Ok(t) => t,
         Err(e) => bail_user!("cannot read {flag} {}: {e}", csv.display()),
     };
-    let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::All).from_reader(&text[..]);
+    let delimiter = sniff_delimiter(&text);
+    let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).trim(csv::Trim::All).from_reader(&text[..]);
     let header = match reader.headers() {
         Ok(h) => h.clone(),
         Err(e) => bail_user!("{flag} {}: {e}", csv.display()),
@@ -45,10 +50,11 @@ pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str)
             },
             None if position < header.len() => Ok(position),
             None => bail_user!(
-                "{flag} {} has {} column(s) ({}); it needs an image column and a label column (header line first)",
+                "{flag} {} has {} column(s) ({}); it needs an image column and a label column (header line first; columns separated by one of {})",
                 csv.display(),
                 header.len(),
-                header.iter().collect::<Vec<_>>().join(", ")
+                header.iter().collect::<Vec<_>>().join(", "),
+                DELIMITERS.iter().map(|&d| delimiter_name(d)).collect::<Vec<_>>().join(", ")
             ),
         }
     };
@@ -117,13 +123,10 @@ pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str)
     if rows.is_empty() {
         bail_user!("{flag} {} has no rows", csv.display());
     }
-    let mut classes: Vec<String> = rows.iter().map(|r| r.1.clone()).collect();
-    // ImageFolder's order: Python's str ordering, UTF-8 byte order.
-    classes.sort_unstable();
-    classes.dedup();
+    let (classes, numbered) = class_list(rows.iter().map(|r| r.1.as_str()), &format!("{flag} {}", csv.display()))?;
     let catalog = rows
         .iter()
-        .map(|(f, label)| (&files.names[*f as usize], classes.binary_search(label).expect("a label of a row")))
+        .map(|(f, label)| (&files.names[*f as usize], class_index(&classes, numbered, label).expect("a label of a row")))
         .collect();
     // Image files under the folder, labelled or not.
     let kind = SourceKind::Labelled {
@@ -137,6 +140,65 @@ pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str)
         source: Arc::new(Files { root, kind }),
     })
 }
+
+/// The delimiters a label file may use, in the order a tie is settled (Python's `csv.Sniffer`
+/// prefers the comma, then the tab, then the semicolon).
+const DELIMITERS: [u8; 4] = [b',', b'\t', b';', b'|'];
+
+fn delimiter_name(d: u8) -> &'static str {
+    match d {
+        b',' => "',' (comma)",
+        b'\t' => "tab",
+        b';' => "';' (semicolon)",
+        _ => "'|' (bar)",
+    }
+}
+
+/// The delimiter of a CSV file, found as Python's `csv.Sniffer().sniff(text, ",\t;|")` finds it
+/// in files without quoted fields (its `_guess_delimiter`): for each candidate, how often it
+/// occurs on each of the first lines; the lines with its most common count (above zero), less
+/// the lines with any other count, must be at least 90 % of the lines; the most consistent
+/// candidate wins, a tie going to `DELIMITERS`' order. Unlike the Sniffer, a delimiter inside
+/// double quotes does not count, so a quoted name with a comma in it does not vote. The comma
+/// when no candidate qualifies (a file of one column, refused later with its columns named).
+fn sniff_delimiter(text: &[u8]) -> u8 {
+    let text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+    let lines: Vec<&[u8]> = text
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .filter(|l| !l.is_empty())
+        .take(SNIFFED_LINES)
+        .collect();
+    if lines.is_empty() {
+        return b',';
+    }
+    let mut best: Option<(f64, u8)> = None;
+    for &d in &DELIMITERS {
+        let mut counts: HashMap<usize, usize> = HashMap::new();
+        for line in &lines {
+            let mut quoted = false;
+            let n = line
+                .iter()
+                .filter(|&&b| {
+                    quoted ^= b == b'"';
+                    b == d && !quoted
+                })
+                .count();
+            *counts.entry(n).or_default() += 1;
+        }
+        // The mode, ties to the smaller count; its lines less those of every other count.
+        let Some((&mode, &agree)) = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) else { continue };
+        let score = agree as f64 - (lines.len() - agree) as f64;
+        let consistency = score / lines.len() as f64;
+        if mode > 0 && consistency >= 0.9 && best.is_none_or(|(c, _)| consistency > c) {
+            best = Some((consistency, d));
+        }
+    }
+    best.map_or(b',', |(_, d)| d)
+}
+
+/// Lines of a label file read to sniff its delimiter.
+const SNIFFED_LINES: usize = 200;
 
 enum Found {
     One(u32),
@@ -210,5 +272,17 @@ mod tests {
         assert_eq!(without_extension(b"x.png"), b"x");
         assert_eq!(without_extension(b"d.x/.hidden"), b"d.x/.hidden");
         assert_eq!(without_extension(b"noext"), b"noext");
+    }
+
+    #[test]
+    fn the_delimiter_is_sniffed_outside_quotes() {
+        // A quoted comma does not vote; a name with ", " in a tab-separated file neither.
+        assert_eq!(sniff_delimiter(b"image;label\n\"a,b.png\";cat\nc.png;dog\n"), b';');
+        assert_eq!(sniff_delimiter(b"\xEF\xBB\xBFimage\tlabel\r\nx.png\tred, green\r\ny.png\tblue\r\n"), b'\t');
+        // Decimal commas on every row but the header: the semicolon is the consistent one.
+        assert_eq!(sniff_delimiter(b"a;b;c\nx;1;0,5\ny;2;1,5\nz;3;2,5\n"), b';');
+        // Nothing qualifies: the comma (a one-column file is refused later, its column named).
+        assert_eq!(sniff_delimiter(b"file\na/0.png\n"), b',');
+        assert_eq!(sniff_delimiter(b""), b',');
     }
 }

@@ -152,6 +152,26 @@ impl<P: AsRef<Path>> From<P> for DataSpec {
     }
 }
 
+/// Refuses, in one line saying what ringtrain reads instead, what names no local path:
+/// WebDataset's `pipe:` URLs (a shell command whose output is a shard) and the locations of
+/// object stores and web servers, which ringtrain does not read yet.
+pub fn refuse_remote(path: &Path, what: &str) -> Result<()> {
+    let s = path.to_string_lossy();
+    if s.starts_with("pipe:") {
+        crate::bail_user!(
+            "{what} '{s}': ringtrain runs no command to read data (WebDataset's pipe: URLs); fetch the shards, or mount their store, and give their local path or a brace pattern such as 'shards/train-{{000000..000099}}.tar'"
+        );
+    }
+    if let Some((scheme, _)) = s.split_once("://") {
+        if !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+') {
+            crate::bail_user!(
+                "{what} '{s}': ringtrain reads local paths only, not {scheme}:// locations yet; copy the data to a local disk, or mount the store, and give that path"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Whether `path` names a sharded source: parquet files or tar shards.
 pub fn is_sharded(path: &Path) -> bool {
     is_parquet(path) || is_shards(path)
@@ -196,6 +216,7 @@ impl Dataset {
     pub fn open(spec: impl Into<DataSpec>, what: &str) -> Result<Dataset> {
         let spec = spec.into();
         let path = &spec.path;
+        refuse_remote(path, what)?;
         let opened = if let Some(csv) = &spec.labels {
             if is_sharded(path) {
                 crate::bail_user!(

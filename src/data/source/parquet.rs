@@ -1,6 +1,8 @@
 //! Hugging Face datasets as parquet files (`--data 'data/train-*.parquet'`): how most public
 //! image-classification sets are published. The image column (`image`, `--image-column`) is the
-//! `datasets` Image feature, a struct of `bytes` and `path` (or plain bytes); the label column
+//! `datasets` Image feature, a struct of `bytes` and `path` (or plain bytes; a row without bytes
+//! is read from its path, as `datasets` reads it: `Dataset.to_parquet` of a set made from image
+//! paths stores only the paths); the label column
 //! (`label`, `--label-column`) a class number, its names read from the `huggingface` metadata
 //! the library writes into the file (a `ClassLabel`'s `names`, in their own order), or text.
 //!
@@ -38,8 +40,9 @@ pub struct Parquet {
     /// The folder that holds them all ("" if none does): sample names are under it.
     pub root: PathBuf,
     mtimes: Vec<i64>,
-    /// Each file's leaf column of image bytes.
+    /// Each file's leaf column of image bytes, and of the images' paths where it has one.
     image_leaf: Vec<usize>,
+    path_leaf: Vec<Option<usize>>,
     /// Every row group: (file, its index in the file).
     groups: Vec<(u32, u32)>,
     /// Per sample, in catalog order: (its row group in `groups`, its row in it).
@@ -107,6 +110,7 @@ enum Label {
 /// What one file holds.
 struct FileScan {
     image_leaf: usize,
+    path_leaf: Option<usize>,
     /// Rows per row group.
     group_rows: Vec<usize>,
     /// Per row of the file: its label, `None` where null.
@@ -131,6 +135,7 @@ fn scan_file(path: &Path, columns: &Columns) -> Result<FileScan> {
     );
     let leaf = |parts: &[&str]| schema.columns().iter().position(|c| c.path().parts() == parts);
     let top: Vec<&str> = schema.root_schema().get_fields().iter().map(|f| f.name()).collect();
+    let path_leaf = leaf(&[image, "path"]).filter(|&l| schema.column(l).physical_type() == Physical::BYTE_ARRAY);
     let Some(image_leaf) = leaf(&[image, "bytes"]).or_else(|| leaf(&[image])) else {
         bail_user!(
             "{} has no image column '{image}' (--image-column); its columns: {}",
@@ -195,6 +200,7 @@ fn scan_file(path: &Path, columns: &Columns) -> Result<FileScan> {
     }
     Ok(FileScan {
         image_leaf,
+        path_leaf,
         group_rows,
         labels,
         names,
@@ -273,6 +279,7 @@ impl Parquet {
         }
         let set = Parquet {
             image_leaf: scans.iter().map(|s| s.image_leaf).collect(),
+            path_leaf: scans.iter().map(|s| s.path_leaf).collect(),
             paths,
             root,
             mtimes,
@@ -293,20 +300,48 @@ impl Parquet {
         let reader = open_reader(path)?;
         let group = reader.get_row_group(rg as usize).with_context(|| format!("reading {}", path.display()))?;
         let rows = group.metadata().num_rows() as usize;
-        let leaf = self.image_leaf[f as usize];
-        let max_def = reader.metadata().file_metadata().schema_descr().column(leaf).max_def_level();
-        let ColumnReader::ByteArrayColumnReader(mut r) = group.get_column_reader(leaf)? else {
-            anyhow::bail!("{}: the image column holds no bytes", path.display());
+        // A leaf column of byte strings, `None` where a row has none.
+        let column = |leaf: usize, what: &str| -> Result<Vec<Option<ByteArray>>> {
+            let max_def = reader.metadata().file_metadata().schema_descr().column(leaf).max_def_level();
+            let ColumnReader::ByteArrayColumnReader(mut r) = group.get_column_reader(leaf)? else {
+                anyhow::bail!("{}: the image column's {what} are not bytes", path.display());
+            };
+            let (mut defs, mut values) = (Vec::new(), Vec::<ByteArray>::new());
+            r.read_records(rows, Some(&mut defs), None, &mut values)
+                .with_context(|| format!("reading the images' {what} in {}", path.display()))?;
+            let mut values = values.into_iter();
+            Ok((0..rows).map(|i| (max_def == 0 || defs[i] == max_def).then(|| values.next()).flatten()).collect())
         };
-        let (mut defs, mut values) = (Vec::new(), Vec::<ByteArray>::new());
-        r.read_records(rows, Some(&mut defs), None, &mut values)
-            .with_context(|| format!("reading the images of {}", path.display()))?;
-        let mut values = values.into_iter();
-        let rows: Vec<Option<ByteArray>> = (0..rows)
-            .map(|i| (max_def == 0 || defs[i] == max_def).then(|| values.next()).flatten())
+        let bytes = column(self.image_leaf[f as usize], "bytes")?;
+        let paths = match self.path_leaf[f as usize] {
+            Some(leaf) if bytes.iter().any(Option::is_none) => column(leaf, "paths")?,
+            _ => vec![None; rows],
+        };
+        let rows: Vec<Image> = bytes
+            .into_iter()
+            .zip(paths)
+            .map(|(b, p)| match (b, p) {
+                (Some(b), _) => Image::Bytes(b),
+                (None, Some(p)) => Image::Path(String::from_utf8_lossy(p.data()).into_owned()),
+                (None, None) => Image::Missing,
+            })
             .collect();
-        let bytes = rows.iter().flatten().map(|b| b.len()).sum();
+        let bytes = rows.iter().map(|r| if let Image::Bytes(b) = r { b.len() } else { 0 }).sum();
         Ok(GroupImages { rows, bytes })
+    }
+
+    /// The file a row without bytes names, as `datasets` opens it: an absolute path as it is; a
+    /// relative one under the parquet file's folder, else under the current directory.
+    fn image_file(&self, g: u32, image: &str) -> Result<Vec<u8>> {
+        let parquet = &self.paths[self.groups[g as usize].0 as usize];
+        let beside = parquet.parent().unwrap_or(Path::new("")).join(image);
+        let file = if Path::new(image).is_absolute() || beside.exists() { beside } else { PathBuf::from(image) };
+        std::fs::read(&file).map_err(|e| {
+            crate::error::user_error(format!(
+                "{}: a row without image bytes names {image}, which cannot be read ({e}; a relative path is looked for beside the parquet file, then in the current directory)",
+                parquet.display()
+            ))
+        })
     }
 }
 
@@ -327,8 +362,9 @@ impl Source for Parquet {
         let (g, r) = self.rows[entry];
         let images = self.cache.get(g, || self.load_group(g))?;
         match &images.rows[r as usize] {
-            Some(b) => Ok(Stored::Encoded(Cow::Owned(b.data().to_vec()))),
-            None => anyhow::bail!("row {r} of its row group has no image bytes"),
+            Image::Bytes(b) => Ok(Stored::Encoded(Cow::Owned(b.data().to_vec()))),
+            Image::Path(p) => Ok(Stored::Encoded(Cow::Owned(self.image_file(g, p)?))),
+            Image::Missing => anyhow::bail!("row {r} of its row group has neither image bytes nor a path"),
         }
     }
 
@@ -352,8 +388,16 @@ impl Source for Parquet {
 
 /// A row group's images.
 struct GroupImages {
-    rows: Vec<Option<ByteArray>>,
+    rows: Vec<Image>,
+    /// Of the images held as bytes.
     bytes: usize,
+}
+
+/// A row's image: its bytes, or the path of its file.
+enum Image {
+    Bytes(ByteArray),
+    Path(String),
+    Missing,
 }
 
 type Slot = Arc<OnceLock<std::result::Result<Arc<GroupImages>, String>>>;

@@ -139,6 +139,7 @@ struct PackSource {
 impl PackSource {
     fn read(spec: &DataSpec) -> Result<PackSource> {
         let data = &spec.path;
+        crate::data::source::refuse_remote(data, "--data")?;
         let absolute = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()));
         if spec.labels.is_none() && !is_sharded(data) {
             let folder = ImageFolder::scan(data, "--data")?;
