@@ -35,7 +35,18 @@ def policy_transform(name):
         return [T.AutoAugment(T.AutoAugmentPolicy(name), interpolation=bilinear)]
     if name.startswith("rand"):
         from PIL import Image
+        from timm.data import auto_augment
         from timm.data.auto_augment import rand_augment_transform
+        # timm asks posterize for 0 bits at the top of inc1's range; Pillow 11 and later raise
+        # there, inside timm. Earlier Pillows (and torchvision) give a black image, as ringtrain.
+        def posterize(img, bits_to_keep, **_):
+            if bits_to_keep >= 8:
+                return img
+            if bits_to_keep <= 0:
+                return Image.new(img.mode, img.size)
+            return auto_augment.ImageOps.posterize(img, bits_to_keep)
+        for op in [k for k in auto_augment.NAME_TO_OP if k.startswith("Posterize")]:
+            auto_augment.NAME_TO_OP[op] = posterize
         mean = (0.485, 0.456, 0.406)
         hparams = dict(img_mean=tuple(min(255, round(255 * x)) for x in mean), interpolation=Image.BILINEAR)
         return [rand_augment_transform(name, hparams)]

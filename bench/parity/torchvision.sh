@@ -9,20 +9,17 @@
 #            -- --model resnet18 --epochs 10 -b 64 -j 2 --auto-augment ta_wide ...
 # DATA_ROOT holds train/ and val/ (or test/, then linked as val/ in a temporary folder).
 # train.py has no seed: its runs differ by its unseeded draws; ringtrain's runs take --seed 1..RUNS.
-# Both run on the CPU. Without a launcher train.py is not distributed (its distributed mode is
-# NCCL only), so it ignores --ra-sampler, and so does the converted configuration.
+# Both run on the CPU. NPROC=N (default 1) runs each side as N processes on Gloo: train.py under
+# torchrun (with cpu_distributed/ on PYTHONPATH, which points its GPU-only distributed mode at Gloo
+# and CPU tensors; the script is unchanged), ringtrain with --nproc-per-node N. train.py takes
+# --ra-sampler only when distributed, so a run with it needs NPROC > 1; -b is per process.
 # RINGTRAIN_BIN=path uses that binary instead of building one; OUT=dir keeps the runs there.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [ $# -ge 4 ] && [ "$4" = "--" ] || { echo "usage: $0 REFERENCES DATA_ROOT RUNS -- TRAIN_PY_ARGS..." >&2; exit 2; }
 refs="$(cd "$1" && pwd)"; root="$(cd "$2" && pwd)"; runs="$3"; shift 4
 [ -f "$refs/train.py" ] || { echo "$refs has no train.py (torchvision's references/classification)" >&2; exit 2; }
-if [ -n "${RINGTRAIN_BIN:-}" ]; then
-  source "$here/../../scripts/env.sh"
-  bin="$RINGTRAIN_BIN"
-else
-  source "$here/../../scripts/build.sh"
-fi
+source "$here/../../scripts/build.sh"   # sets $bin (RINGTRAIN_BIN: that binary, no build)
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 echo "runs in $out"
@@ -33,21 +30,35 @@ if [ ! -d "$root/val" ]; then
   ln -sfn "$root/train" "$data/train"
   ln -sfn "$root/test" "$data/val"
 fi
+nproc="${NPROC:-1}"
+launch=(python)
+ringtrain_procs=()
+torchvision_env=()
+if [ "$nproc" -gt 1 ]; then
+  launch=(torchrun --standalone --nproc_per_node "$nproc")
+  ringtrain_procs=(--nproc-per-node "$nproc")
+  torchvision_env=(PYTHONPATH="$here/cpu_distributed${PYTHONPATH:+:$PYTHONPATH}")
+fi
 # The same command for both sides; ringtrain reads its configuration from the converter.
-"$bin" recipe from-torchvision --out "$out/recipe.toml" -- python train.py --data-path "$data" "$@" \
+"$bin" recipe from-torchvision --out "$out/recipe.toml" -- "${launch[@]}" train.py --data-path "$data" "$@" \
   2> "$out/recipe.stderr"
 cat "$out/recipe.stderr"
 results="$out/results.jsonl"
 : > "$results"
 for run in $(seq 1 "$runs"); do
   t0=$SECONDS
-  (cd "$refs" && "$RINGTRAIN_PYTHON" train.py --data-path "$data" --device cpu --output-dir "" "$@") \
+  if [ "$nproc" -gt 1 ]; then
+    (cd "$refs" && env "${torchvision_env[@]}" "$RINGTRAIN_PYTHON" -m torch.distributed.run --standalone \
+      --nproc_per_node "$nproc" train.py --data-path "$data" --device cpu --output-dir "" "$@")
+  else
+    (cd "$refs" && "$RINGTRAIN_PYTHON" train.py --data-path "$data" --device cpu --output-dir "" "$@")
+  fi \
     > "$out/torchvision-$run.log" 2>&1
   top1="$(grep -E '^Test: +Acc@1' "$out/torchvision-$run.log" | tail -1 | awk '{print $3}')"
   echo "{\"side\": \"torchvision\", \"run\": $run, \"val_top1\": $top1, \"wall_s\": $((SECONDS - t0))}" \
     | tee -a "$results"
   t0=$SECONDS
-  "$bin" train --config "$out/recipe.toml" --device cpu --seed "$run" --out "$out/ringtrain-$run" \
+  "$bin" train --config "$out/recipe.toml" --device cpu --seed "$run" --out "$out/ringtrain-$run" "${ringtrain_procs[@]}" \
     > "$out/ringtrain-$run.log" 2>&1
   top1="$("$RINGTRAIN_PYTHON" -c 'import csv, sys
 print(round(100 * float(list(csv.DictReader(open(sys.argv[1])))[-1]["val_top1"]), 4))' "$out/ringtrain-$run/metrics.csv")"
