@@ -1,7 +1,15 @@
 # Sourced by scripts/ringtrain and the bench scripts: sets everything up on first use
 # (scripts/setup.sh), loads the environment (scripts/env.sh: $RINGTRAIN_PYTHON, cargo's target
 # directory), builds ringtrain in release mode if the sources changed, and sets $bin to it.
+# RINGTRAIN_BIN=path: that binary, nothing set up or built (a binary kept for a comparison
+# across source changes, or one built elsewhere).
 _ringtrain_scripts="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -n "${RINGTRAIN_BIN:-}" ]; then
+  source "$_ringtrain_scripts/env.sh"
+  bin="$RINGTRAIN_BIN"
+  unset _ringtrain_scripts
+  return 0
+fi
 bash "$_ringtrain_scripts/setup.sh"
 source "$_ringtrain_scripts/env.sh"
 bin="$CARGO_TARGET_DIR/release/ringtrain"

@@ -28,12 +28,7 @@ if [ -e "$dest" ] && [ ! -f "$dest/BUILD" ] && [ -n "$(ls -A "$dest" 2>/dev/null
   die "$dest exists and is not a ringtrain bundle; give a new or empty folder"
 fi
 
-if [ -n "${RINGTRAIN_BIN:-}" ]; then
-  bin="$RINGTRAIN_BIN"
-  source "$here/env.sh"
-else
-  source "$here/build.sh" # sets $bin
-fi
+source "$here/build.sh"   # sets $bin (RINGTRAIN_BIN: that binary, no build)
 [ -x "$bin" ] || die "no ringtrain binary at $bin"
 
 tmp="$dest.tmp-$$"

@@ -13,12 +13,7 @@ root="${1:-$here/../../../shared/data/plant-seedlings}"
 seeds="${2:-1 2 3}"
 recipe="${3:-$here/seedlings-resnet18-48px.toml}"
 workers="${WORKERS:-$(nproc)}"
-if [ -n "${RINGTRAIN_BIN:-}" ]; then   # a given binary: no build
-  source "$here/../../scripts/env.sh"
-  bin="$RINGTRAIN_BIN"
-else
-  source "$here/../../scripts/build.sh"
-fi
+source "$here/../../scripts/build.sh"   # sets $bin (RINGTRAIN_BIN: that binary, no build)
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 echo "runs in $out"
