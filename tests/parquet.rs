@@ -49,17 +49,23 @@ for row in back:
     ))
 }
 
+/// A set as `write_parquet`'s script prints what `datasets` reads back: the class names, then
+/// each row's label and image bytes' SHA-256.
+fn listing(set: &Dataset) -> String {
+    let mut out = set.classes.join(",") + "\n";
+    for i in 0..set.len() {
+        out += &format!("{} {}\n", set.samples.label(i), sample_sha256(&set.samples, i));
+    }
+    out
+}
+
 #[test]
 fn parquet_reads_what_datasets_writes_and_batches_as_its_folder() {
     let d = tempfile::tempdir().unwrap();
     let want = write_parquet(d.path());
     let train = d.path().join("data/train-*.parquet");
     let set = Dataset::open(&train, "--data").unwrap();
-    let mut got = set.classes.join(",") + "\n";
-    for i in 0..set.len() {
-        got += &format!("{} {}\n", set.samples.label(i), sample_sha256(&set.samples, i));
-    }
-    assert_eq!(got, want);
+    assert_eq!(listing(&set), want);
     assert_eq!(set.len(), 18);
     // 9 rows a file in row groups of 4: 3 groups each, read as 6 "shards".
     let groups: std::collections::BTreeSet<usize> = (0..set.len()).map(|i| set.samples.shard_of(i).unwrap()).collect();
@@ -148,7 +154,8 @@ pq.write_table(t, {bad:?}, row_group_size=4)
 /// struct with null bytes and the path, absolute or (here, for half the rows) relative to where
 /// the set was made, beside the parquet file. ringtrain reads each row's file, as `datasets`
 /// does: the labels and image bytes the library reads back, and the folder's batches, from any
-/// current directory. A path that names no file is one line naming it.
+/// current directory. A path that names no file stops a `--strict` run in one line naming it
+/// (without `--strict` the row is skipped with a warning, as an unreadable image is).
 #[test]
 fn rows_without_bytes_read_the_files_their_paths_name() {
     let d = tempfile::tempdir().unwrap();
@@ -180,11 +187,7 @@ assert [r["image"].size for r in back] == [(150, 150)] * len(items)
     ));
     let file = d.path().join("set/train.parquet");
     let set = Dataset::open(&file, "--data").unwrap();
-    let mut got = set.classes.join(",") + "\n";
-    for i in 0..set.len() {
-        got += &format!("{} {}\n", set.samples.label(i), sample_sha256(&set.samples, i));
-    }
-    assert_eq!(got, want);
+    assert_eq!(listing(&set), want);
     assert_eq!(eval_batches(&file), eval_batches(d.path().join("tree")));
 
     std::fs::remove_file(d.path().join("set/images/4.png")).unwrap();
