@@ -204,12 +204,14 @@ pub struct TrainConfig {
     pub keep: usize,
     /// Clip gradients to this global L2 norm.
     pub clip_grad_norm: Option<f64>,
-    /// Mixup / CutMix with timm's semantics (batch mode, on the device): active when an alpha
-    /// is > 0; `mix_prob` of the batches are mixed, CutMix with `mix_switch_prob` when both are on.
+    /// Mixup / CutMix in batch mode, on the device: active when an alpha is > 0; `mix_prob` of
+    /// the batches are mixed, CutMix with `mix_switch_prob` when both are on; partner and box
+    /// as timm's or torchvision's train.py (`mix_style`).
     pub mixup_alpha: f64,
     pub cutmix_alpha: f64,
     pub mix_prob: f64,
     pub mix_switch_prob: f64,
+    pub mix_style: crate::data::augment::mixup::MixStyle,
     /// RandomErasing probability per training image (0: off), and its fill.
     pub random_erasing: f64,
     pub random_erasing_mode: crate::data::augment::erasing::EraseMode,
@@ -378,6 +380,7 @@ impl Default for TrainConfig {
             cutmix_alpha: 0.0,
             mix_prob: 1.0,
             mix_switch_prob: 0.5,
+            mix_style: crate::data::augment::mixup::MixStyle::Timm,
             random_erasing: 0.0,
             random_erasing_mode: crate::data::augment::erasing::EraseMode::Const,
             auto_augment: None,
@@ -697,6 +700,7 @@ impl TrainConfig {
     /// Mixup/CutMix settings when either is on.
     pub fn mixup(&self, num_classes: i64) -> Option<crate::data::augment::mixup::MixupConfig> {
         (self.mixup_alpha > 0.0 || self.cutmix_alpha > 0.0).then(|| crate::data::augment::mixup::MixupConfig {
+            style: self.mix_style,
             mixup_alpha: self.mixup_alpha,
             cutmix_alpha: self.cutmix_alpha,
             prob: self.mix_prob,

@@ -1,10 +1,12 @@
-//! Mixup/CutMix and the soft-target loss against timm's own code (tests/py/timm_reference.py):
-//! Rust draws the parameters and mixes; timm replays the same random draws on the same tensors.
+//! Mixup/CutMix and the soft-target loss against timm's own code (tests/py/timm_reference.py) and
+//! torchvision's v2 MixUp/CutMix, which train.py's own copies equal (tests/py/torchvision_reference.py):
+//! Rust draws the parameters and mixes; the reference replays the same random draws on the same
+//! tensors.
 mod common;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use ringtrain::data::augment::mixup::{soft_target_cross_entropy, MixDraws, MixParams, Mixup, MixupConfig};
+use ringtrain::data::augment::mixup::{soft_target_cross_entropy, MixDraws, MixParams, MixStyle, Mixup, MixupConfig};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 
@@ -19,6 +21,7 @@ struct Case {
 
 fn cfg(mixup_alpha: f64, cutmix_alpha: f64, prob: f64, label_smoothing: f64) -> MixupConfig {
     MixupConfig {
+        style: MixStyle::Timm,
         mixup_alpha,
         cutmix_alpha,
         prob,
@@ -132,6 +135,60 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// The cases as torchvision's train.py mixes: every batch mixed, one of the two at random.
+fn torchvision_cases() -> Vec<Case> {
+    let tv = |mixup_alpha, cutmix_alpha, label_smoothing| MixupConfig {
+        style: MixStyle::Torchvision,
+        ..cfg(mixup_alpha, cutmix_alpha, 1.0, label_smoothing)
+    };
+    // A box the border clips: smaller than its two half-sides either side of the centre.
+    fn clipped(d: &MixDraws, p: &MixParams) -> bool {
+        let (Some(lam), Some((yl, yh, xl, xh))) = (d.beta, p.cutmix) else {
+            return false;
+        };
+        let r = 0.5 * (1.0 - lam).sqrt();
+        let full = 4 * ((H as f64 * r) as i64) * ((W as f64 * r) as i64);
+        (yh - yl) * (xh - xl) < full && yh > yl && xh > xl
+    }
+    vec![
+        Case {
+            name: "torchvision_mixup",
+            cfg: tv(0.2, 0.0, 0.0),
+            batch: 8,
+            channels_last: false,
+            want: mixing,
+        },
+        Case {
+            name: "torchvision_cutmix_clipped",
+            cfg: tv(0.0, 1.0, 0.0),
+            batch: 8,
+            channels_last: false,
+            want: clipped,
+        },
+        Case {
+            name: "torchvision_cutmix_inside",
+            cfg: tv(0.2, 1.0, 0.1),
+            batch: 6,
+            channels_last: false,
+            want: |d, p| mixing(d, p) && p.cutmix.is_some_and(|(yl, yh, xl, xh)| yl > 0 && xl > 0 && yh < H && xh < W),
+        },
+        Case {
+            name: "torchvision_mixup_smoothed_odd_batch",
+            cfg: tv(0.2, 1.0, 0.1),
+            batch: 7,
+            channels_last: false,
+            want: |d, p| mixing(d, p) && p.cutmix.is_none(),
+        },
+        Case {
+            name: "torchvision_cutmix_smoothed_channels_last",
+            cfg: tv(0.2, 1.0, 0.1),
+            batch: 5,
+            channels_last: true,
+            want: |d, p| mixing(d, p) && p.cutmix.is_some(),
+        },
+    ]
+}
+
 fn get(tensors: &[(String, Tensor)], name: &str) -> Tensor {
     tensors
         .iter()
@@ -148,11 +205,22 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 
 #[test]
 fn mixup_and_cutmix_match_timm() {
+    match_reference(cases(), ("timm_reference.py", &["mixup"]));
+}
+
+#[test]
+fn mixup_and_cutmix_match_torchvision() {
+    match_reference(torchvision_cases(), ("torchvision_reference.py", &["mixup"]));
+}
+
+/// Each case's draws, mixed images, targets and lambda against the reference script's; and,
+/// where the reference computes one, its loss on the case's logits against ours.
+fn match_reference(cases: Vec<Case>, (script, command): (&str, &[&str])) {
     tch::manual_seed(0);
     let dir = tempfile::tempdir().unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(2024);
     let (mut inputs, mut json_cases, mut ours) = (Vec::new(), Vec::new(), Vec::new());
-    for case in cases() {
+    for case in cases {
         let m = Mixup::new(case.cfg.clone()).unwrap();
         let (d, p) = (0..10_000)
             .map(|_| {
@@ -171,9 +239,11 @@ fn mixup_and_cutmix_match_timm() {
         };
         let (xm, t) = m.apply(&x_in, &y, &p);
         assert!(x_in.equal(&x), "{}: apply must not modify its input", case.name);
-        ours.push((case.name, p, xm, t));
+        let logits = Tensor::randn([case.batch, case.cfg.num_classes], (Kind::Float, Device::Cpu)) * 3.0;
+        ours.push((case.name, p, xm, t, logits.shallow_clone()));
         inputs.push((format!("{}.x", case.name), x));
         inputs.push((format!("{}.y", case.name), y));
+        inputs.push((format!("{}.logits", case.name), logits));
         json_cases.push(json!({
             "name": case.name,
             "cfg": case.cfg,
@@ -186,10 +256,11 @@ fn mixup_and_cutmix_match_timm() {
         serde_json::to_string(&json_cases).unwrap(),
     )
     .unwrap();
-    common::run_python_script("timm_reference.py", &["mixup", dir.path().to_str().unwrap()]);
+    let args: Vec<&str> = command.iter().copied().chain([dir.path().to_str().unwrap()]).collect();
+    common::run_python_script(script, &args);
     let theirs = Tensor::read_safetensors(dir.path().join("out.safetensors")).unwrap();
 
-    for (name, p, xm, t) in ours {
+    for (name, p, xm, t, logits) in ours {
         let lam = get(&theirs, &format!("{name}.lam")).double_value(&[0]);
         assert_eq!(p.lam, lam, "{name}: lambda");
         let box_name = format!("{name}.box");
@@ -214,6 +285,12 @@ fn mixup_and_cutmix_match_timm() {
             max_diff(&rows, &rows.ones_like()) < 1e-6,
             "{name}: target rows sum to 1"
         );
+        // torchvision's loss: cross_entropy(label_smoothing) on its unsmoothed targets, one sum
+        // over the batch where ours sums rows first (float32 rounding apart).
+        if let Some((_, want)) = theirs.iter().find(|(n, _)| *n == format!("{name}.loss")) {
+            let (want, got) = (want.double_value(&[0]), soft_target_cross_entropy(&logits, &t).double_value(&[]));
+            assert!((got - want).abs() <= 1e-6 * want.abs(), "{name}: loss {got}, torchvision's {want}");
+        }
     }
 }
 

@@ -74,6 +74,7 @@ fn launchers_give_the_global_batch_and_train_py_its_defaults() {
         ("amp", "off".into()),
         ("auto_augment", "ta_wide".into()),
         ("random_erasing", 0.1.into()),
+        ("mix_style", "torchvision".into()),
     ] {
         assert_eq!(get(&t, key), &want, "{key}");
     }

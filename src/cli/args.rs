@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::config::{Metric, OptimizerKind, SchedInterval, SchedKind, WarmupMethod};
 use crate::data::augment::erasing::EraseMode;
+use crate::data::augment::mixup::MixStyle;
 use crate::data::augment::policy::PolicyName;
 use crate::data::augment::transform::Interpolation;
 use crate::data::load::cache::CacheMode;
@@ -773,6 +774,11 @@ pub struct TrainArgs {
     /// With Mixup and CutMix both on: probability of CutMix.
     #[arg(long)]
     pub mix_switch_prob: Option<f64>,
+    /// Whose Mixup/CutMix: timm (each image mixed with its mirror in the reversed batch) or
+    /// torchvision (with the image before it, as train.py; with --ra-sampler that is often
+    /// its own copy).
+    #[arg(long, value_enum)]
+    pub mix_style: Option<MixStyle>,
     /// An augmentation policy after the crop and flip, as torchvision's: ta_wide
     /// (TrivialAugmentWide), ra (RandAugment), imagenet | cifar10 | svhn (AutoAugment's
     /// policies) or augmix; or timm's RandAugment by its string (rand-m9-mstd0.5-inc1).

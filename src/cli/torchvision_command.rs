@@ -238,6 +238,10 @@ pub fn translate(args: &[String]) -> Result<Translation> {
     set("label_smoothing", Value::Float(num("--label-smoothing", "0")?), "--label-smoothing");
     set("mixup_alpha", Value::Float(num("--mixup-alpha", "0")?), "--mixup-alpha");
     set("cutmix_alpha", Value::Float(num("--cutmix-alpha", "0")?), "--cutmix-alpha");
+    if num("--mixup-alpha", "0")? > 0.0 || num("--cutmix-alpha", "0")? > 0.0 {
+        // RandomChoice of the two, each always applied: switch 0.5, prob 1 (ringtrain's defaults).
+        set("mix_style", Value::String("torchvision".into()), "train.py's RandomMixUp/RandomCutMix (roll by one)");
+    }
 
     // The schedule: train.py's default is StepLR(30, 0.1), stepped once an epoch.
     let sched = value("--lr-scheduler", "steplr").to_lowercase();

@@ -36,6 +36,11 @@
   torchvision_reference.py grad_scaler STEPS BAD    GradScaler's scale and step decisions
   torchvision_reference.py pixel_stats ROOT        per-channel mean/std over all pixels (NumPy)
   torchvision_reference.py imagefolder ROOT        JSON: classes and samples as ImageFolder sees them
+  torchvision_reference.py mixup DIR   torchvision.transforms.v2's MixUp or CutMix (train.py's
+      RandomChoice of the two) on each case of DIR/cases.json with the tensors of
+      DIR/in.safetensors, the Rust side's draws replayed in place of torch's; DIR/out.safetensors:
+      the mixed images, the targets smoothed as cross_entropy(label_smoothing) smooths them,
+      lambda, the box (y1, y2, x1, x2) and cross_entropy of the case's logits
   torchvision_reference.py optimizer IN OUT KIND IMPL  torch.optim (timm.optim for LARS and LAMB)
       steps on a scripted problem
   torchvision_reference.py plateau METRICS MODE ...  ReduceLROnPlateau's LR after each metric
@@ -473,9 +478,69 @@ def sgd_step(root, size, weights, optim, out, wd="5e-4"):
     save_file({k: v.clone().contiguous() for k, v in m.state_dict().items()}, out)
 
 
+class _Fixed:
+    """Stands in for MixUp's/CutMix's Beta distribution: its one sample is the Rust draw."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def sample(self, shape=()):
+        assert shape == (), shape
+        return torch.tensor(self.value, dtype=torch.float64)
+
+
+def mixup(d):
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from torchvision.transforms import v2
+
+    d = Path(d)
+    inp = load_file(d / "in.safetensors")
+    out = {}
+    randint = torch.randint
+    try:
+        for case in json.loads((d / "cases.json").read_text()):
+            name, cfg, draws = case["name"], case["cfg"], case["draws"]
+            x, y = inp[f"{name}.x"], inp[f"{name}.y"]
+            h, w = x.shape[-2:]
+            cutmix = draws["centre"] is not None
+            t = (v2.CutMix if cutmix else v2.MixUp)(
+                alpha=cfg["cutmix_alpha" if cutmix else "mixup_alpha"], num_classes=cfg["num_classes"])
+            t._dist = _Fixed(draws["beta"])
+            # CutMix asks torch.randint for the column, then the row.
+            asked = [(w, draws["centre"][1]), (h, draws["centre"][0])] if cutmix else []
+
+            def replay(high, size):
+                (want, value) = asked.pop(0)
+                assert (high, size) == (want, (1,)), (high, size, want)
+                return torch.tensor([value])
+
+            params = {}
+            make_params = t.make_params
+            t.make_params = lambda flat: params.update(make_params(flat)) or params
+            torch.randint = replay
+            mixed, target = t(x.clone(), y)
+            torch.randint = randint
+            assert not asked, "CutMix did not use every draw"
+            eps, k = cfg["label_smoothing"], cfg["num_classes"]
+            out[f"{name}.x"] = mixed.contiguous()
+            # As cross_entropy smooths probability targets (LossNLL.cpp).
+            out[f"{name}.target"] = target * (1 - eps) + eps / k if eps > 0 else target
+            out[f"{name}.loss"] = torch.nn.functional.cross_entropy(
+                inp[f"{name}.logits"], target, label_smoothing=eps).reshape(1).double()
+            out[f"{name}.lam"] = torch.tensor([params.get("lam_adjusted", params.get("lam"))], dtype=torch.float64)
+            if cutmix:
+                x1, y1, x2, y2 = params["box"]
+                out[f"{name}.box"] = torch.tensor([y1, y2, x1, x2], dtype=torch.int64)
+    finally:
+        torch.randint = randint
+    save_file(out, d / "out.safetensors")
+
+
 COMMANDS = [models, evaluate, predict_logits, pil_pixels, init_state, crop_boxes, transforms, jpeg_variants,
             sklearn_report, tensorboard_scalars, grad_scaler, pixel_stats, optimizer, ema, plateau, sgd_step,
-            imagefolder, load_strict, param_counts, interpolate_pos]
+            imagefolder, load_strict, param_counts, interpolate_pos, mixup]
 
 if __name__ == "__main__":
     commands = {f.__name__: f for f in COMMANDS}

@@ -1,6 +1,8 @@
-//! Mixup and CutMix on the device, with timm's `Mixup` semantics in batch mode: one lambda per
-//! batch, each image mixed with its partner in the reversed batch (`x.flip(0)`, so odd batch
-//! sizes work too), and soft targets for `soft_target_cross_entropy`.
+//! Mixup and CutMix on the device in batch mode: one lambda per batch, each image mixed with a
+//! partner from the same batch, and soft targets for `soft_target_cross_entropy`. Two styles,
+//! as two reference recipes do it (`MixStyle`): timm's `Mixup` (the partner in the reversed
+//! batch, `x.flip(0)`) and torchvision's train.py (the previous image, `x.roll(1, 0)`); they
+//! also draw the CutMix box differently. Odd batch sizes work in both.
 //!
 //! Use, per training step (after `Normalizer::apply`, before the forward pass):
 //!
@@ -22,10 +24,28 @@ use rand_distr::{Beta, Distribution};
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-/// timm's `Mixup` arguments (batch mode, no `cutmix_minmax`); defaults are timm's.
+/// Whose Mixup/CutMix. With repeated augmentation the copies of an image sit side by side in a
+/// batch, so the choice decides whether an image is ever mixed with its own copy (torchvision's
+/// train.py does that for half of each batch; timm's reversed partner never does).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum MixStyle {
+    /// timm's `Mixup` in batch mode: partner `flip(0)`; CutMix centre drawn (row, column), box
+    /// int(size·√(1−λ)) wide; labels smoothed before mixing.
+    #[default]
+    Timm,
+    /// torchvision's train.py (its `RandomMixUp`/`RandomCutMix`, and v2's `MixUp`/`CutMix`):
+    /// partner `roll(1, 0)`; CutMix centre drawn (column, row), box 2·int(size·√(1−λ)/2) wide,
+    /// λ always from the clipped box; one-hot labels mixed, then smoothed as
+    /// `cross_entropy(label_smoothing=…)` smooths them.
+    Torchvision,
+}
+
+/// timm's `Mixup` arguments (batch mode, no `cutmix_minmax`; defaults are timm's) and the style.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct MixupConfig {
+    pub style: MixStyle,
     /// Mixup is active when > 0; lambda ~ Beta(alpha, alpha).
     pub mixup_alpha: f64,
     /// CutMix is active when > 0; lambda ~ Beta(alpha, alpha).
@@ -43,6 +63,7 @@ pub struct MixupConfig {
 impl Default for MixupConfig {
     fn default() -> Self {
         MixupConfig {
+            style: MixStyle::Timm,
             mixup_alpha: 1.0,
             cutmix_alpha: 0.0,
             prob: 1.0,
@@ -77,8 +98,9 @@ pub struct MixDraws {
     pub u_switch: Option<f64>,
     /// The Beta draw; None when the batch is not mixed.
     pub beta: Option<f64>,
-    /// CutMix box centre (cy, cx), uniform in [0,h)×[0,w); None for Mixup, or when beta == 1
-    /// (timm then returns before drawing a box).
+    /// CutMix box centre (cy, cx), uniform in [0,h)×[0,w) (timm draws cy first, torchvision
+    /// cx); None for Mixup, or in timm's style when beta == 1 (timm then returns before
+    /// drawing a box).
     pub centre: Option<(i64, i64)>,
 }
 
@@ -158,8 +180,15 @@ impl Mixup {
         };
         let lam = beta.sample(rng);
         d.beta = Some(lam);
-        if cutmix && lam != 1.0 {
-            d.centre = Some((rng.gen_range(0..h), rng.gen_range(0..w)));
+        match self.cfg.style {
+            MixStyle::Timm if cutmix && lam != 1.0 => {
+                d.centre = Some((rng.gen_range(0..h), rng.gen_range(0..w)));
+            }
+            MixStyle::Torchvision if cutmix => {
+                let cx = rng.gen_range(0..w);
+                d.centre = Some((rng.gen_range(0..h), cx));
+            }
+            _ => {}
         }
         d
     }
@@ -173,6 +202,18 @@ impl Mixup {
         let Some((cy, cx)) = d.centre else {
             return MixParams { lam, cutmix: None };
         };
+        if self.cfg.style == MixStyle::Torchvision {
+            // RandomCutMix: half-sides int(0.5·√(1−λ)·size) either side of the centre, clipped;
+            // λ from the box, always.
+            let r = 0.5 * (1.0 - lam).sqrt();
+            let (half_h, half_w) = ((r * h as f64) as i64, (r * w as f64) as i64);
+            let (yl, yh) = ((cy - half_h).max(0), (cy + half_h).min(h));
+            let (xl, xh) = ((cx - half_w).max(0), (cx + half_w).min(w));
+            return MixParams {
+                lam: 1.0 - ((yh - yl) * (xh - xl)) as f64 / (h * w) as f64,
+                cutmix: Some((yl, yh, xl, xh)),
+            };
+        }
         // timm's rand_bbox: a box of int(size*sqrt(1-lam)) around the centre, clipped.
         let ratio = (1.0 - lam).sqrt();
         let (cut_h, cut_w) = ((h as f64 * ratio) as i64, (w as f64 * ratio) as i64);
@@ -205,28 +246,45 @@ impl Mixup {
                 let out = x.copy();
                 if yh > yl && xh > xl {
                     let region = |t: &Tensor| t.narrow(2, yl, yh - yl).narrow(3, xl, xh - xl);
-                    region(&out).copy_(&region(x).flip([0]));
+                    region(&out).copy_(&self.partner(&region(x)));
                 }
                 out
             }
-            // As timm: x*lam + flip(x)*(1-lam), same operations in the same order.
-            None => x * p.lam + x.flip([0]) * (1.0 - p.lam),
+            // As timm and torchvision: x*lam + partner*(1-lam), the same two products and one
+            // sum (whose order does not change the bits).
+            None => x * p.lam + self.partner(x) * (1.0 - p.lam),
         };
         (mixed, target)
     }
 
-    /// timm's `mixup_target`: smoothed one-hot y1, then y1*lam + flip(y1)*(1-lam).
+    /// Each row's partner: the reversed batch (timm) or the batch rolled by one (torchvision).
+    fn partner(&self, t: &Tensor) -> Tensor {
+        match self.cfg.style {
+            MixStyle::Timm => t.flip([0]),
+            MixStyle::Torchvision => t.roll([1], [0]),
+        }
+    }
+
+    /// The soft targets. timm's `mixup_target`: smoothed one-hot y1, then
+    /// y1*lam + partner(y1)*(1-lam). torchvision: one-hot y1 mixed the same way, then
+    /// `t*(1-ε) + ε/k`, as `cross_entropy` smooths probability targets.
     fn targets(&self, y: &Tensor, lam: f64, device: tch::Device) -> Tensor {
         let k = self.cfg.num_classes;
-        let off = self.cfg.label_smoothing / k as f64;
-        let on = 1.0 - self.cfg.label_smoothing + off;
+        let eps = self.cfg.label_smoothing;
+        let (off, on) = match self.cfg.style {
+            MixStyle::Timm => (eps / k as f64, 1.0 - eps + eps / k as f64),
+            MixStyle::Torchvision => (0.0, 1.0),
+        };
         let y = y.to_device(device).to_kind(Kind::Int64).view([-1, 1]);
         let mut y1 = Tensor::full([y.size()[0], k], off, (Kind::Float, device));
         let _ = y1.scatter_value_(1, &y, on);
-        if lam == 1.0 {
-            y1
-        } else {
-            &y1 * lam + y1.flip([0]) * (1.0 - lam)
+        let mixed = match lam == 1.0 {
+            true => y1,
+            false => &y1 * lam + self.partner(&y1) * (1.0 - lam),
+        };
+        match self.cfg.style {
+            MixStyle::Torchvision if eps > 0.0 => mixed * (1.0 - eps) + eps / k as f64,
+            _ => mixed,
         }
     }
 }
@@ -248,7 +306,12 @@ mod tests {
     use tch::Device;
 
     fn mixup(mixup_alpha: f64, cutmix_alpha: f64, prob: f64, switch_prob: f64) -> Mixup {
+        styled(MixStyle::Timm, mixup_alpha, cutmix_alpha, prob, switch_prob)
+    }
+
+    fn styled(style: MixStyle, mixup_alpha: f64, cutmix_alpha: f64, prob: f64, switch_prob: f64) -> Mixup {
         Mixup::new(MixupConfig {
+            style,
             mixup_alpha,
             cutmix_alpha,
             prob,
@@ -262,7 +325,12 @@ mod tests {
 
     #[test]
     fn sample_frequencies_follow_the_probabilities() {
-        let m = mixup(1.0, 1.0, 0.8, 0.3);
+        for style in [MixStyle::Timm, MixStyle::Torchvision] {
+            frequencies_follow_the_probabilities(styled(style, 1.0, 1.0, 0.8, 0.3));
+        }
+    }
+
+    fn frequencies_follow_the_probabilities(m: Mixup) {
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let n = 20_000;
         let (mut unmixed, mut cut, mut mix_lams) = (0, 0, Vec::new());
@@ -297,13 +365,31 @@ mod tests {
     #[test]
     fn only_one_kind_when_one_alpha_is_zero() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let (mx, cm) = (mixup(0.4, 0.0, 1.0, 0.5), mixup(0.0, 1.0, 1.0, 0.5));
-        for _ in 0..500 {
-            let d = mx.draw(8, 8, &mut rng);
-            assert!(d.u_switch.is_none() && d.centre.is_none() && d.beta.is_some());
-            let d = cm.draw(8, 8, &mut rng);
-            assert!(d.u_switch.is_none() && d.centre.is_some() == (d.beta != Some(1.0)));
+        for style in [MixStyle::Timm, MixStyle::Torchvision] {
+            let mx = styled(style, 0.4, 0.0, 1.0, 0.5);
+            let cm = styled(style, 0.0, 1.0, 1.0, 0.5);
+            for _ in 0..500 {
+                let d = mx.draw(8, 8, &mut rng);
+                assert!(d.u_switch.is_none() && d.centre.is_none() && d.beta.is_some());
+                let d = cm.draw(8, 8, &mut rng);
+                // timm draws no box for beta == 1; torchvision always draws one.
+                let boxed = style == MixStyle::Torchvision || d.beta != Some(1.0);
+                assert!(d.u_switch.is_none() && d.centre.is_some() == boxed);
+            }
         }
+    }
+
+    #[test]
+    fn torchvision_pairs_each_image_with_the_one_before() {
+        let m = styled(MixStyle::Torchvision, 1.0, 0.0, 1.0, 0.5);
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([4, 1, 1, 1]);
+        let p = MixParams { lam: 0.75, cutmix: None };
+        let (xm, t) = m.apply(&x, &Tensor::from_slice(&[0i64, 1, 2, 3]), &p);
+        let want = Tensor::from_slice(&[1.75f32, 1.75, 2.75, 3.75]).view([4, 1, 1, 1]);
+        assert!(xm.equal(&want), "{xm}");
+        // Row 0 is 0.75 of class 0 and 0.25 of class 3 (the last image, rolled round).
+        let row0 = Vec::<f32>::try_from(t.get(0)).unwrap();
+        assert_eq!(row0[..4], [0.75, 0.0, 0.0, 0.25]);
     }
 
     #[test]

@@ -177,73 +177,112 @@ fn linspace_f32(start: f32, end: f32, n: usize) -> impl Iterator<Item = f32> {
     })
 }
 
-/// `_affine_grid` then `_apply_grid_transform`: for each output pixel the input point the
-/// float32 matrix `theta` sends it to, sampled as `grid_sample(align_corners=False,
-/// padding_mode="zeros")` samples, rounded half to even.
-fn grid_transform(img: &mut Image, m: [f64; 6], sampling: Sampling) {
-    let (w, h) = (img.w, img.h);
-    let theta = m.map(|v| v as f32);
-    let (hw, hh) = (0.5 * w as f32, 0.5 * h as f32);
-    // theta transposed, divided by half the size: the grid in -1..1.
-    let rt = [
-        [theta[0] / hw, theta[3] / hh],
-        [theta[1] / hw, theta[4] / hh],
-        [theta[2] / hw, theta[5] / hh],
-    ];
-    let xs: Vec<f32> = linspace_f32((1.0 - w as f32) * 0.5, (w as f32 - 1.0) * 0.5, w).collect();
-    let ys: Vec<f32> = linspace_f32((1.0 - h as f32) * 0.5, (h as f32 - 1.0) * 0.5, h).collect();
-    let src = img.px.to_vec();
-    let (wf, hf) = (w as f32, h as f32);
-    // The offset of pixel (x, y) in `src`, or None outside the image (zero fill).
-    let offset = |x: i64, y: i64| -> Option<usize> {
-        (x >= 0 && y >= 0 && (x as usize) < w && (y as usize) < h).then(|| (y as usize * w + x as usize) * 3)
-    };
-    for (j, &y) in ys.iter().enumerate() {
-        for (i, &x) in xs.iter().enumerate() {
-            let gx = x * rt[0][0] + y * rt[1][0] + rt[2][0];
-            let gy = x * rt[0][1] + y * rt[1][1] + rt[2][1];
-            // Unnormalised, corners not aligned: ((g + 1) * size - 1) / 2.
-            let ix = (gx + 1.0) * (wf / 2.0) - 0.5;
-            let iy = (gy + 1.0) * (hf / 2.0) - 0.5;
-            let out = &mut img.px[(j * w + i) * 3..(j * w + i) * 3 + 3];
-            match sampling {
-                Sampling::Nearest => match offset(ix.round_ties_even() as i64, iy.round_ties_even() as i64) {
-                    Some(o) => out.copy_from_slice(&src[o..o + 3]),
-                    None => out.fill(0),
-                },
-                Sampling::Bilinear => {
-                    let (x0, y0) = (ix.floor(), iy.floor());
-                    let (we, ns) = (ix - x0, iy - y0);
-                    let (ww, nn) = (1.0 - we, 1.0 - ns);
-                    let (x0, y0) = (x0 as i64, y0 as i64);
-                    let weights = [nn * ww, nn * we, ns * ww, ns * we];
-                    // Inside the image (most points): the four neighbours by offset alone.
-                    if x0 >= 0 && y0 >= 0 && (x0 as usize) + 1 < w && (y0 as usize) + 1 < h {
-                        let o = (y0 as usize * w + x0 as usize) * 3;
-                        let at = [o, o + 3, o + w * 3, o + w * 3 + 3];
-                        for (c, out) in out.iter_mut().enumerate() {
-                            // torch's order of the sum: north-west, north-east, south-west, south-east.
-                            let v = src[at[0] + c] as f32 * weights[0]
-                                + src[at[1] + c] as f32 * weights[1]
-                                + src[at[2] + c] as f32 * weights[2]
-                                + src[at[3] + c] as f32 * weights[3];
-                            *out = v.round_ties_even().clamp(0.0, 255.0) as u8;
-                        }
-                        continue;
-                    }
-                    let corners = [
-                        (offset(x0, y0), nn * ww),
-                        (offset(x0 + 1, y0), nn * we),
-                        (offset(x0, y0 + 1), ns * ww),
-                        (offset(x0 + 1, y0 + 1), ns * we),
-                    ];
-                    for (c, o) in out.iter_mut().enumerate() {
-                        let mut v = 0.0f32;
-                        for &(at, weight) in &corners {
-                            v += at.map_or(0.0, |k| src[k + c] as f32) * weight;
-                        }
-                        *o = v.round_ties_even().clamp(0.0, 255.0) as u8;
-                    }
+/// Round half to even by the float adder itself: exact for |v| < 2^22, and a loop of it
+/// vectorises on any x86-64 (`round_ties_even` needs SSE4.1, else a libm call per value).
+#[inline(always)]
+fn round_even_small(v: f32) -> f32 {
+    const M: f32 = 12_582_912.0; // 1.5 · 2^23: the sum's last bit is the units
+    (v + M) - M
+}
+
+/// `floor` for |x| < 2^22, as `round_even_small` vectorises.
+#[inline(always)]
+fn floor_small(x: f32) -> f32 {
+    let r = round_even_small(x);
+    if r > x { r - 1.0 } else { r }
+}
+
+/// Zero pixels around the image in `grid_transform`'s copy: a sample point is clamped to within
+/// this border, where every neighbour it reads outside the image is 0 (`padding_mode="zeros"`).
+const BORDER: usize = 2;
+
+multiversion! {
+    /// `_affine_grid` then `_apply_grid_transform`: for each output pixel the input point the
+    /// float32 matrix `theta` sends it to, sampled as `grid_sample(align_corners=False,
+    /// padding_mode="zeros")` samples, rounded half to even.
+    ///
+    /// A row at a time, in passes that vectorise: the points, their floors and weights; the
+    /// neighbours' bytes gathered from a copy with a zero border (no bounds tests), a row per
+    /// channel; then each value's weighted sum, rounding and conversion. The float operations
+    /// are the scalar ones, in the same order.
+    fn grid_transform / grid_transform_baseline(img: &mut Image, m: [f64; 6], sampling: Sampling) {
+        let (w, h) = (img.w, img.h);
+        let theta = m.map(|v| v as f32);
+        let (hw, hh) = (0.5 * w as f32, 0.5 * h as f32);
+        // theta transposed, divided by half the size: the grid in -1..1.
+        let rt = [
+            [theta[0] / hw, theta[3] / hh],
+            [theta[1] / hw, theta[4] / hh],
+            [theta[2] / hw, theta[5] / hh],
+        ];
+        let xs: Vec<f32> = linspace_f32((1.0 - w as f32) * 0.5, (w as f32 - 1.0) * 0.5, w).collect();
+        let ys: Vec<f32> = linspace_f32((1.0 - h as f32) * 0.5, (h as f32 - 1.0) * 0.5, h).collect();
+        let pw = w + 2 * BORDER;
+        let mut src = vec![0u8; pw * (h + 2 * BORDER) * 3];
+        for (y, row) in img.px.chunks_exact(w * 3).enumerate() {
+            let o = ((y + BORDER) * pw + BORDER) * 3;
+            src[o..o + w * 3].copy_from_slice(row);
+        }
+        let (wf, hf) = (w as f32, h as f32);
+        // A point further out than the border reads only zeros; clamped there, its floor stays
+        // exact and its offset inside the copy.
+        let (lo, x_hi, y_hi) = (-(BORDER as f32) - 1.0, wf + 1.0, hf + 1.0);
+        let (b, xmax, ymax) = (BORDER as i32, w as i32, h as i32);
+        let (mut ix, mut iy) = (vec![0f32; w], vec![0f32; w]);
+        // Per pixel of a row: the offset of its north-west neighbour in `src`, the four
+        // neighbours' weights (north-west, north-east, south-west, south-east), and per
+        // channel their bytes.
+        let mut at = vec![0usize; w];
+        let mut weight: [Vec<f32>; 4] = std::array::from_fn(|_| vec![0.0; w]);
+        let mut near: [[Vec<u8>; 3]; 4] = std::array::from_fn(|_| std::array::from_fn(|_| vec![0; w]));
+        let mut value = vec![0u8; w];
+        let corner = [0, 3, pw * 3, pw * 3 + 3];
+        for (j, &y) in ys.iter().enumerate() {
+            for (i, &x) in xs.iter().enumerate() {
+                let gx = x * rt[0][0] + y * rt[1][0] + rt[2][0];
+                let gy = x * rt[0][1] + y * rt[1][1] + rt[2][1];
+                // Unnormalised, corners not aligned: ((g + 1) * size - 1) / 2.
+                ix[i] = ((gx + 1.0) * (wf / 2.0) - 0.5).clamp(lo, x_hi);
+                iy[i] = ((gy + 1.0) * (hf / 2.0) - 0.5).clamp(lo, y_hi);
+            }
+            let out = &mut img.px[j * w * 3..(j + 1) * w * 3];
+            let offset = |x: f32, y: f32| {
+                let (x, y) = ((x as i32).clamp(-b, xmax) + b, (y as i32).clamp(-b, ymax) + b);
+                (y as usize * pw + x as usize) * 3
+            };
+            if sampling == Sampling::Nearest {
+                for i in 0..w {
+                    at[i] = offset(round_even_small(ix[i]), round_even_small(iy[i]));
+                }
+                for (o, &a) in out.chunks_exact_mut(3).zip(&at) {
+                    o.copy_from_slice(&src[a..a + 3]);
+                }
+                continue;
+            }
+            for i in 0..w {
+                let (x0, y0) = (floor_small(ix[i]), floor_small(iy[i]));
+                let (we, ns) = (ix[i] - x0, iy[i] - y0);
+                let (ww, nn) = (1.0 - we, 1.0 - ns);
+                [weight[0][i], weight[1][i], weight[2][i], weight[3][i]] = [nn * ww, nn * we, ns * ww, ns * we];
+                at[i] = offset(x0, y0);
+            }
+            for (i, &a) in at.iter().enumerate() {
+                for (k, &d) in corner.iter().enumerate() {
+                    let px = &src[a + d..a + d + 3];
+                    [near[k][0][i], near[k][1][i], near[k][2][i]] = [px[0], px[1], px[2]];
+                }
+            }
+            let [wa, wb, wc, wd] = &weight;
+            for c in 0..3 {
+                let [a, b, cc, d] = [&near[0][c], &near[1][c], &near[2][c], &near[3][c]];
+                for i in 0..w {
+                    // torch's order of the sum: north-west, north-east, south-west, south-east.
+                    let v = a[i] as f32 * wa[i] + b[i] as f32 * wb[i] + cc[i] as f32 * wc[i] + d[i] as f32 * wd[i];
+                    // Clamped first, as torch does; then `as i32` converts a vector at a time.
+                    value[i] = round_even_small(v).clamp(0.0, 255.0) as i32 as u8;
+                }
+                for (o, &v) in out.iter_mut().skip(c).step_by(3).zip(&value) {
+                    *o = v;
                 }
             }
         }
@@ -251,118 +290,131 @@ fn grid_transform(img: &mut Image, m: [f64; 6], sampling: Sampling) {
 }
 
 /// `.clamp_(0, 255).to(torch.uint8)`: truncation toward zero.
+#[inline(always)]
 fn to_u8(v: f32) -> u8 {
     v.clamp(0.0, 255.0) as u8
 }
 
-/// `adjust_brightness_image`: each value times the factor.
-pub fn brightness(img: &mut Image, factor: f64) {
-    let f = factor as f32;
-    img.px.iter_mut().for_each(|v| *v = to_u8(*v as f32 * f));
+multiversion! {
+    /// `adjust_brightness_image`: each value times the factor.
+    pub fn brightness / brightness_baseline(img: &mut Image, factor: f64) {
+        let f = factor as f32;
+        img.px.iter_mut().for_each(|v| *v = to_u8(*v as f32 * f));
+    }
 }
 
 /// `_blend`: x·ratio + other·(1 - ratio), the second term fused into the sum as torch's
 /// vectorised `add_(other, alpha)` fuses it.
+#[inline(always)]
 fn blend(x: u8, other: f32, ratio: f32, alpha: f32) -> u8 {
     to_u8(other.mul_add(alpha, x as f32 * ratio))
 }
 
 /// `_rgb_to_grayscale_image` of a pixel in float32, floored as the uint8 path floors it.
+#[inline(always)]
 fn gray(p: &[u8]) -> f32 {
     let l = p[0] as f32 * 0.2989f32;
     let l = (p[1] as f32).mul_add(0.587, l);
     (p[2] as f32).mul_add(0.114, l).floor()
 }
 
-/// `adjust_saturation_image`: each pixel blended with its own grey.
-pub fn saturation(img: &mut Image, factor: f64) {
-    let (r, a) = (factor as f32, (1.0 - factor) as f32);
-    for p in img.px.chunks_exact_mut(3) {
-        let g = gray(p);
-        p.iter_mut().for_each(|v| *v = blend(*v, g, r, a));
+multiversion! {
+    /// `adjust_saturation_image`: each pixel blended with its own grey.
+    pub fn saturation / saturation_baseline(img: &mut Image, factor: f64) {
+        let (r, a) = (factor as f32, (1.0 - factor) as f32);
+        for p in img.px.chunks_exact_mut(3) {
+            let g = gray(p);
+            p.iter_mut().for_each(|v| *v = blend(*v, g, r, a));
+        }
     }
 }
 
-/// `adjust_contrast_image`: each value blended with the mean grey of the whole image (one
-/// table of the 256 values' results).
-pub fn contrast(img: &mut Image, factor: f64) {
-    let n = img.px.len() / 3;
-    let sum: f64 = img.px.chunks_exact(3).map(|p| gray(p) as f64).sum();
-    let mean = sum as f32 / n as f32;
-    let (r, a) = (factor as f32, (1.0 - factor) as f32);
-    let lut: Vec<u8> = (0..=255u8).map(|v| blend(v, mean, r, a)).collect();
-    img.px.iter_mut().for_each(|v| *v = lut[*v as usize]);
+multiversion! {
+    /// `adjust_contrast_image`: each value blended with the mean grey of the whole image (one
+    /// table of the 256 values' results).
+    pub fn contrast / contrast_baseline(img: &mut Image, factor: f64) {
+        let n = img.px.len() / 3;
+        let sum: f64 = img.px.chunks_exact(3).map(|p| gray(p) as f64).sum();
+        let mean = sum as f32 / n as f32;
+        let (r, a) = (factor as f32, (1.0 - factor) as f32);
+        let lut: Vec<u8> = (0..=255u8).map(|v| blend(v, mean, r, a)).collect();
+        img.px.iter_mut().for_each(|v| *v = lut[*v as usize]);
+    }
 }
 
-/// `adjust_sharpness_image`: the inner pixels blended with a 3×3 smoothing (1s around a 5,
-/// over 13, rounded); the border rows and columns stay. torch convolves in float32 and rounds;
-/// here the sum is whole numbers, (8 neighbours + 5·centre) / 13 rounded: the same value,
-/// since a 13th is never within float32's error of a half (the nearest is 1/26 away).
-fn sharpness(img: &mut Image, factor: f64) {
-    let (w, h) = (img.w, img.h);
-    if w <= 2 || h <= 2 {
-        return;
-    }
-    let alpha = (1.0 - factor) as f32;
-    let src = img.px.to_vec();
-    let row = w * 3;
-    for y in 1..h - 1 {
-        for x in 1..w - 1 {
-            let o = y * row + x * 3;
-            for c in o..o + 3 {
-                let ring: u32 = [c - row - 3, c - row, c - row + 3, c - 3, c + 3, c + row - 3, c + row, c + row + 3]
-                    .iter()
-                    .map(|&k| src[k] as u32)
-                    .sum();
-                let blur = ((2 * (ring + 5 * src[c] as u32) + 13) / 26) as f32;
-                let v = src[c] as f32;
-                img.px[c] = to_u8((blur - v).mul_add(alpha, v));
+multiversion! {
+    /// `adjust_sharpness_image`: the inner pixels blended with a 3×3 smoothing (1s around a 5,
+    /// over 13, rounded); the border rows and columns stay. torch convolves in float32 and rounds;
+    /// here the sum is whole numbers, (8 neighbours + 5·centre) / 13 rounded: the same value,
+    /// since a 13th is never within float32's error of a half (the nearest is 1/26 away).
+    fn sharpness / sharpness_baseline(img: &mut Image, factor: f64) {
+        let (w, h) = (img.w, img.h);
+        if w <= 2 || h <= 2 {
+            return;
+        }
+        let alpha = (1.0 - factor) as f32;
+        let src = img.px.to_vec();
+        let row = w * 3;
+        for y in 1..h - 1 {
+            for x in 1..w - 1 {
+                let o = y * row + x * 3;
+                for c in o..o + 3 {
+                    let ring: u32 = [c - row - 3, c - row, c - row + 3, c - 3, c + 3, c + row - 3, c + row, c + row + 3]
+                        .iter()
+                        .map(|&k| src[k] as u32)
+                        .sum();
+                    let blur = ((2 * (ring + 5 * src[c] as u32) + 13) / 26) as f32;
+                    let v = src[c] as f32;
+                    img.px[c] = to_u8((blur - v).mul_add(alpha, v));
+                }
             }
         }
     }
 }
 
-/// `adjust_hue_image`: each pixel to float32 HSV (torchvision's `_rgb_to_hsv`), its hue turned
-/// by `factor` (a fraction of the circle, -0.5..0.5), back to RGB (`_hsv_to_rgb`) and to uint8
-/// by torchvision's scaling (× 255.999, truncated).
-pub fn hue(img: &mut Image, factor: f64) {
-    let (to_float, to_u8) = ((1.0f64 / 255.0) as f32, (255.0f64 + 1.0 - 1e-3) as f32);
-    let factor = factor as f32;
-    for p in img.px.chunks_exact_mut(3) {
-        let [r, g, b] = [p[0], p[1], p[2]].map(|v| v as f32 * to_float);
-        let (maxc, minc) = (r.max(g).max(b), r.min(g).min(b));
-        let eqc = maxc == minc;
-        let range = maxc - minc;
-        let s = range / if eqc { 1.0 } else { maxc };
-        let divisor = if eqc { 1.0 } else { range };
-        let (rc, gc, bc) = ((maxc - r) / divisor, (maxc - g) / divisor, (maxc - b) / divisor);
-        let (max_is_r, max_is_g) = (maxc == r, maxc == g);
-        let hr = if max_is_r { bc - gc } else { 0.0 };
-        let hg = if max_is_g && !max_is_r { (rc + 2.0) - bc } else { 0.0 };
-        let hb = if !max_is_g && !max_is_r { (gc + 4.0) - rc } else { 0.0 };
-        let h = ((hr + hg + hb) * (1.0f64 / 6.0) as f32 + 1.0) % 1.0;
-        // torch.remainder: the result takes the divisor's sign.
-        let h = h + factor;
-        let h = h - h.floor();
-        let h6 = h * 6.0;
-        let i = h6.floor();
-        let f = h6 - i;
-        let sxf = s * f;
-        let one_minus_s = 1.0 - s;
-        let v = maxc;
-        let q = ((1.0 - sxf) * v).clamp(0.0, 1.0);
-        let t = ((sxf + one_minus_s) * v).clamp(0.0, 1.0);
-        let pp = (one_minus_s * v).clamp(0.0, 1.0);
-        let rgb = match (i as i32).rem_euclid(6) {
-            0 => [v, t, pp],
-            1 => [q, v, pp],
-            2 => [pp, v, t],
-            3 => [pp, q, v],
-            4 => [t, pp, v],
-            _ => [v, pp, q],
-        };
-        for (o, c) in p.iter_mut().zip(rgb) {
-            *o = (c * to_u8) as u8;
+multiversion! {
+    /// `adjust_hue_image`: each pixel to float32 HSV (torchvision's `_rgb_to_hsv`), its hue turned
+    /// by `factor` (a fraction of the circle, -0.5..0.5), back to RGB (`_hsv_to_rgb`) and to uint8
+    /// by torchvision's scaling (× 255.999, truncated).
+    pub fn hue / hue_baseline(img: &mut Image, factor: f64) {
+        let (to_float, to_u8) = ((1.0f64 / 255.0) as f32, (255.0f64 + 1.0 - 1e-3) as f32);
+        let factor = factor as f32;
+        for p in img.px.chunks_exact_mut(3) {
+            let [r, g, b] = [p[0], p[1], p[2]].map(|v| v as f32 * to_float);
+            let (maxc, minc) = (r.max(g).max(b), r.min(g).min(b));
+            let eqc = maxc == minc;
+            let range = maxc - minc;
+            let s = range / if eqc { 1.0 } else { maxc };
+            let divisor = if eqc { 1.0 } else { range };
+            let (rc, gc, bc) = ((maxc - r) / divisor, (maxc - g) / divisor, (maxc - b) / divisor);
+            let (max_is_r, max_is_g) = (maxc == r, maxc == g);
+            let hr = if max_is_r { bc - gc } else { 0.0 };
+            let hg = if max_is_g && !max_is_r { (rc + 2.0) - bc } else { 0.0 };
+            let hb = if !max_is_g && !max_is_r { (gc + 4.0) - rc } else { 0.0 };
+            let h = ((hr + hg + hb) * (1.0f64 / 6.0) as f32 + 1.0) % 1.0;
+            // torch.remainder: the result takes the divisor's sign.
+            let h = h + factor;
+            let h = h - h.floor();
+            let h6 = h * 6.0;
+            let i = h6.floor();
+            let f = h6 - i;
+            let sxf = s * f;
+            let one_minus_s = 1.0 - s;
+            let v = maxc;
+            let q = ((1.0 - sxf) * v).clamp(0.0, 1.0);
+            let t = ((sxf + one_minus_s) * v).clamp(0.0, 1.0);
+            let pp = (one_minus_s * v).clamp(0.0, 1.0);
+            let rgb = match (i as i32).rem_euclid(6) {
+                0 => [v, t, pp],
+                1 => [q, v, pp],
+                2 => [pp, v, t],
+                3 => [pp, q, v],
+                4 => [t, pp, v],
+                _ => [v, pp, q],
+            };
+            for (o, c) in p.iter_mut().zip(rgb) {
+                *o = (c * to_u8) as u8;
+            }
         }
     }
 }
@@ -424,6 +476,40 @@ mod tests {
 
     fn image(w: usize, h: usize) -> Vec<u8> {
         (0..w * h * 3).map(|i| (i * 37 % 251) as u8).collect()
+    }
+
+    /// Where the CPU has AVX2 and FMA, the operations run their AVX2 builds: the same bits as
+    /// the baseline's (elsewhere both calls run the baseline).
+    #[test]
+    fn the_avx2_builds_give_the_baselines_bits() {
+        let (w, h) = (41, 23);
+        let orig = image(w, h);
+        let run = |f: fn(&mut Image, f64), factor: f64| {
+            let mut px = orig.clone();
+            f(&mut Image { w, h, px: &mut px }, factor);
+            px
+        };
+        type Op1 = fn(&mut Image, f64);
+        let pairs: [(&str, Op1, Op1); 5] = [
+            ("brightness", brightness, brightness_baseline),
+            ("saturation", saturation, saturation_baseline),
+            ("contrast", contrast, contrast_baseline),
+            ("sharpness", sharpness, sharpness_baseline),
+            ("hue", hue, hue_baseline),
+        ];
+        for (name, fast, baseline) in pairs {
+            for factor in [-0.45, 0.05, 0.3, 0.99, 1.7] {
+                assert_eq!(run(fast, factor), run(baseline, factor), "{name} {factor}");
+            }
+        }
+        for m in [[0.9, -0.3, 2.5, 0.4, 1.1, -7.0], [1.0, 0.0, -3.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.5, -1.0, 0.0, 40.0]] {
+            for sampling in [Sampling::Nearest, Sampling::Bilinear] {
+                let (mut a, mut b) = (orig.clone(), orig.clone());
+                grid_transform(&mut Image { w, h, px: &mut a }, m, sampling);
+                grid_transform_baseline(&mut Image { w, h, px: &mut b }, m, sampling);
+                assert_eq!(a, b, "{m:?} {sampling:?}");
+            }
+        }
     }
 
     #[test]
