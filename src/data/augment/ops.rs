@@ -355,18 +355,17 @@ multiversion! {
         let alpha = (1.0 - factor) as f32;
         let src = img.px.to_vec();
         let row = w * 3;
-        for y in 1..h - 1 {
-            for x in 1..w - 1 {
-                let o = y * row + x * 3;
-                for c in o..o + 3 {
-                    let ring: u32 = [c - row - 3, c - row, c - row + 3, c - 3, c + 3, c + row - 3, c + row, c + row + 3]
-                        .iter()
-                        .map(|&k| src[k] as u32)
-                        .sum();
-                    let blur = ((2 * (ring + 5 * src[c] as u32) + 13) / 26) as f32;
-                    let v = src[c] as f32;
-                    img.px[c] = to_u8((blur - v).mul_add(alpha, v));
-                }
+        // A row at a time, each value's neighbours at ±3 in the rows above, at and below it.
+        for (y, out) in img.px.chunks_exact_mut(row).enumerate().take(h - 1).skip(1) {
+            let (up, cur, down) = (&src[(y - 1) * row..y * row], &src[y * row..(y + 1) * row], &src[(y + 1) * row..(y + 2) * row]);
+            for k in 3..row - 3 {
+                let ring = up[k - 3] as u32 + up[k] as u32 + up[k + 3] as u32 + cur[k - 3] as u32 + cur[k + 3] as u32
+                    + down[k - 3] as u32
+                    + down[k] as u32
+                    + down[k + 3] as u32;
+                let blur = ((2 * (ring + 5 * cur[k] as u32) + 13) / 26) as f32;
+                let v = cur[k] as f32;
+                out[k] = to_u8((blur - v).mul_add(alpha, v));
             }
         }
     }
@@ -476,6 +475,71 @@ mod tests {
 
     fn image(w: usize, h: usize) -> Vec<u8> {
         (0..w * h * 3).map(|i| (i * 37 % 251) as u8).collect()
+    }
+
+    /// `grid_sample`'s definition, one pixel at a time, as `grid_transform` computed it before it
+    /// ran in vectorised passes: each neighbour outside the image reads 0.
+    fn grid_transform_direct(img: &mut Image, m: [f64; 6], sampling: Sampling) {
+        let (w, h) = (img.w, img.h);
+        let t = m.map(|v| v as f32);
+        let (hw, hh) = (0.5 * w as f32, 0.5 * h as f32);
+        let rt = [[t[0] / hw, t[3] / hh], [t[1] / hw, t[4] / hh], [t[2] / hw, t[5] / hh]];
+        let xs: Vec<f32> = linspace_f32((1.0 - w as f32) * 0.5, (w as f32 - 1.0) * 0.5, w).collect();
+        let ys: Vec<f32> = linspace_f32((1.0 - h as f32) * 0.5, (h as f32 - 1.0) * 0.5, h).collect();
+        let src = img.px.to_vec();
+        let read = |x: f32, y: f32, c: usize| match x >= 0.0 && y >= 0.0 && x < w as f32 && y < h as f32 {
+            true => src[(y as usize * w + x as usize) * 3 + c] as f32,
+            false => 0.0,
+        };
+        for (j, &y) in ys.iter().enumerate() {
+            for (i, &x) in xs.iter().enumerate() {
+                let gx = x * rt[0][0] + y * rt[1][0] + rt[2][0];
+                let gy = x * rt[0][1] + y * rt[1][1] + rt[2][1];
+                let ix = (gx + 1.0) * (w as f32 / 2.0) - 0.5;
+                let iy = (gy + 1.0) * (h as f32 / 2.0) - 0.5;
+                for c in 0..3 {
+                    let v = match sampling {
+                        Sampling::Nearest => read(ix.round_ties_even(), iy.round_ties_even(), c),
+                        Sampling::Bilinear => {
+                            let (x0, y0) = (ix.floor(), iy.floor());
+                            let (we, ns) = (ix - x0, iy - y0);
+                            let (ww, nn) = (1.0 - we, 1.0 - ns);
+                            let v = read(x0, y0, c) * (nn * ww) + read(x0 + 1.0, y0, c) * (nn * we);
+                            let v = v + read(x0, y0 + 1.0, c) * (ns * ww) + read(x0 + 1.0, y0 + 1.0, c) * (ns * we);
+                            v.round_ties_even().clamp(0.0, 255.0)
+                        }
+                    };
+                    img.px[(j * w + i) * 3 + c] = v as u8;
+                }
+            }
+        }
+    }
+
+    /// The vectorised passes give the definition's bits, on images from 1×1 up and on
+    /// matrices that send points far outside the image.
+    #[test]
+    fn grid_transform_is_grid_samples_definition() {
+        let mut state = 7u64;
+        let mut uniform = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for case in 0..400 {
+            let (w, h) = [(1, 1), (2, 3), (17, 9), (40, 33)][case % 4];
+            let orig = image(w, h);
+            let shift = |size: usize, u: f64| (u - 0.5) * 3.0 * size as f64;
+            let m = match case % 5 {
+                // Whole-pixel translations put sample points exactly on pixels and borders.
+                0 => [1.0, 0.0, (shift(w, uniform()) / 4.0).round(), 0.0, 1.0, (shift(h, uniform()) / 4.0).round()],
+                _ => [4.0 * uniform() - 2.0, 4.0 * uniform() - 2.0, shift(w, uniform()), 4.0 * uniform() - 2.0, 4.0 * uniform() - 2.0, shift(h, uniform())],
+            };
+            for sampling in [Sampling::Nearest, Sampling::Bilinear] {
+                let (mut a, mut b) = (orig.clone(), orig.clone());
+                grid_transform(&mut Image { w, h, px: &mut a }, m, sampling);
+                grid_transform_direct(&mut Image { w, h, px: &mut b }, m, sampling);
+                assert_eq!(a, b, "{w}x{h} {m:?} {sampling:?}");
+            }
+        }
     }
 
     /// Where the CPU has AVX2 and FMA, the operations run their AVX2 builds: the same bits as
