@@ -236,9 +236,10 @@ pub fn translate(args: &[String]) -> Result<Translation> {
         ));
     }
     set("label_smoothing", Value::Float(num("--label-smoothing", "0")?), "--label-smoothing");
-    set("mixup_alpha", Value::Float(num("--mixup-alpha", "0")?), "--mixup-alpha");
-    set("cutmix_alpha", Value::Float(num("--cutmix-alpha", "0")?), "--cutmix-alpha");
-    if num("--mixup-alpha", "0")? > 0.0 || num("--cutmix-alpha", "0")? > 0.0 {
+    let (mixup_alpha, cutmix_alpha) = (num("--mixup-alpha", "0")?, num("--cutmix-alpha", "0")?);
+    set("mixup_alpha", Value::Float(mixup_alpha), "--mixup-alpha");
+    set("cutmix_alpha", Value::Float(cutmix_alpha), "--cutmix-alpha");
+    if mixup_alpha > 0.0 || cutmix_alpha > 0.0 {
         // RandomChoice of the two, each always applied: switch 0.5, prob 1 (ringtrain's defaults).
         set("mix_style", Value::String("torchvision".into()), "train.py's RandomMixUp/RandomCutMix (roll by one)");
     }

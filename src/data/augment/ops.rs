@@ -515,6 +515,16 @@ mod tests {
         }
     }
 
+    /// `grid_transform` and `other` give the same bytes for `m`, nearest and bilinear.
+    fn same_samples(orig: &[u8], (w, h): (usize, usize), m: [f64; 6], other: fn(&mut Image, [f64; 6], Sampling)) {
+        for sampling in [Sampling::Nearest, Sampling::Bilinear] {
+            let (mut a, mut b) = (orig.to_vec(), orig.to_vec());
+            grid_transform(&mut Image { w, h, px: &mut a }, m, sampling);
+            other(&mut Image { w, h, px: &mut b }, m, sampling);
+            assert_eq!(a, b, "{w}x{h} {m:?} {sampling:?}");
+        }
+    }
+
     /// The vectorised passes give the definition's bits, on images from 1×1 up and on
     /// matrices that send points far outside the image.
     #[test]
@@ -533,12 +543,7 @@ mod tests {
                 0 => [1.0, 0.0, (shift(w, uniform()) / 4.0).round(), 0.0, 1.0, (shift(h, uniform()) / 4.0).round()],
                 _ => [4.0 * uniform() - 2.0, 4.0 * uniform() - 2.0, shift(w, uniform()), 4.0 * uniform() - 2.0, 4.0 * uniform() - 2.0, shift(h, uniform())],
             };
-            for sampling in [Sampling::Nearest, Sampling::Bilinear] {
-                let (mut a, mut b) = (orig.clone(), orig.clone());
-                grid_transform(&mut Image { w, h, px: &mut a }, m, sampling);
-                grid_transform_direct(&mut Image { w, h, px: &mut b }, m, sampling);
-                assert_eq!(a, b, "{w}x{h} {m:?} {sampling:?}");
-            }
+            same_samples(&orig, (w, h), m, grid_transform_direct);
         }
     }
 
@@ -567,12 +572,7 @@ mod tests {
             }
         }
         for m in [[0.9, -0.3, 2.5, 0.4, 1.1, -7.0], [1.0, 0.0, -3.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.5, -1.0, 0.0, 40.0]] {
-            for sampling in [Sampling::Nearest, Sampling::Bilinear] {
-                let (mut a, mut b) = (orig.clone(), orig.clone());
-                grid_transform(&mut Image { w, h, px: &mut a }, m, sampling);
-                grid_transform_baseline(&mut Image { w, h, px: &mut b }, m, sampling);
-                assert_eq!(a, b, "{m:?} {sampling:?}");
-            }
+            same_samples(&orig, (w, h), m, grid_transform_baseline);
         }
     }
 
