@@ -105,6 +105,10 @@ int rt_clear_grads(rt_tensor** params, int n) {
   });
 }
 
+int64_t rt_storage_use_count(rt_tensor* t) {
+  return t->has_storage() ? static_cast<int64_t>(t->storage().use_count()) : 0;
+}
+
 rt_tensor* rt_empty_pinned(const int64_t* sizes, int ndim, int dtype) {
   return rt_guard<rt_tensor*>([&] {
     auto opts = at::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype)).pinned_memory(true);

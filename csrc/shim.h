@@ -41,6 +41,10 @@ int rt_set_grad(rt_tensor* param, rt_tensor* grad);
 // zero_grad(set_to_none=True): the gradients become undefined.
 int rt_clear_grads(rt_tensor** params, int n);
 
+// How many tensors (views included) share t's storage; 0 for a tensor without one. A buffer
+// whose count is 1 is held by that one handle alone and may be written again.
+int64_t rt_storage_use_count(rt_tensor* t);
+
 // An uninitialised CPU tensor in page-locked memory from PyTorch's pinned-memory caching
 // allocator (blocks are reused, and not while an asynchronous copy from them is pending), so a
 // host-to-GPU copy from it can be asynchronous. dtype uses c10::ScalarType values. Needs a

@@ -38,6 +38,7 @@ mod ffi {
         ) -> c_int;
         pub fn rt_set_grad(param: *mut torch_sys::C_tensor, grad: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_clear_grads(params: *const *mut torch_sys::C_tensor, n: c_int) -> c_int;
+        pub fn rt_storage_use_count(t: *mut torch_sys::C_tensor) -> i64;
         pub fn rt_empty_pinned(sizes: *const i64, ndim: c_int, dtype: c_int) -> *mut torch_sys::C_tensor;
         pub fn rt_fused_sgd(
             params: *const *mut torch_sys::C_tensor,
@@ -284,6 +285,12 @@ pub fn clear_grads(params: &[Tensor]) -> Result<()> {
     let p = ptrs(params);
     check(unsafe { ffi::rt_clear_grads(p.as_ptr(), p.len() as c_int) })?;
     Ok(())
+}
+
+/// How many tensors (views included) share `t`'s storage: 1 when `t` is its only holder.
+pub fn storage_use_count(t: &Tensor) -> i64 {
+    // SAFETY: reads a reference count of a live tensor.
+    unsafe { ffi::rt_storage_use_count(t.as_ptr() as *mut torch_sys::C_tensor) }
 }
 
 /// An uninitialised CPU tensor in pinned (page-locked) memory, for asynchronous copies to a

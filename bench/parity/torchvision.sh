@@ -13,7 +13,8 @@
 # torchrun (with cpu_distributed/ on PYTHONPATH, which points its GPU-only distributed mode at Gloo
 # and CPU tensors; the script is unchanged), ringtrain with --nproc-per-node N. train.py takes
 # --ra-sampler only when distributed, so a run with it needs NPROC > 1; -b is per process.
-# RINGTRAIN_BIN=path uses that binary instead of building one; OUT=dir keeps the runs there.
+# RINGTRAIN_BIN=path uses that binary instead of building one; OUT=dir keeps the runs there;
+# FIRST=k numbers the runs (and ringtrain's seeds) k, k+1, ... to add runs to an earlier sitting.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [ $# -ge 4 ] && [ "$4" = "--" ] || { echo "usage: $0 REFERENCES DATA_ROOT RUNS -- TRAIN_PY_ARGS..." >&2; exit 2; }
@@ -45,7 +46,8 @@ fi
 cat "$out/recipe.stderr"
 results="$out/results.jsonl"
 : > "$results"
-for run in $(seq 1 "$runs"); do
+first="${FIRST:-1}"
+for run in $(seq "$first" $((first + runs - 1))); do
   t0=$SECONDS
   if [ "$nproc" -gt 1 ]; then
     (cd "$refs" && env "${torchvision_env[@]}" "$RINGTRAIN_PYTHON" -m torch.distributed.run --standalone \

@@ -53,37 +53,15 @@ const CAPTION: u32 = 34;
 /// The images of `worst` in a grid of `columns`, each captioned with its true class, its
 /// predicted class and that prediction's probability: one picture for TensorBoard.
 pub fn worst_grid(samples: &Samples, worst: &[Entry], classes: &[String], columns: usize) -> Result<RgbImage> {
-    let columns = columns.clamp(1, worst.len().max(1));
-    let rows = worst.len().div_ceil(columns).max(1);
-    let (w, h) = (columns as u32 * CELL_W, rows as u32 * (PICTURE + CAPTION));
-    let corner = |k: usize| ((k % columns) as u32 * CELL_W, (k / columns) as u32 * (PICTURE + CAPTION));
-    let mut grid = RgbImage::from_pixel(w, h, image::Rgb([255, 255, 255]));
     let picks: Vec<usize> = worst.iter().map(|e| e.sample).collect();
-    for (k, thumb) in thumbnails(samples, &picks, PICTURE).into_iter().enumerate() {
-        if let Some(t) = thumb {
-            let (x, y) = corner(k);
-            let (dx, dy) = ((CELL_W - t.width()) / 2, (PICTURE - t.height()) / 2);
-            image::imageops::overlay(&mut grid, &t, (x + dx) as i64, (y + dy) as i64);
-        }
-    }
-    let names: Vec<&str> = worst.iter().flat_map(|e| [classes[e.target].as_str(), classes[e.pred].as_str()]).collect();
-    let font = fonts::family_for(names.iter().copied());
-    {
-        let root = BitMapBackend::with_buffer(&mut *grid, (w, h)).into_drawing_area();
-        for (k, e) in worst.iter().enumerate() {
-            // The caption's own area: a long name is cut at the cell's edge, not drawn over the next.
-            let (x, y) = corner(k);
-            let cell = root.clone().shrink((x, y + PICTURE), (CELL_W, CAPTION));
-            let style = TextStyle::from((font, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Top));
-            let verdict = if e.target != e.pred { RGBColor(190, 0, 0) } else { RGBColor(0, 110, 0) };
-            cell.draw(&Text::new(format!("true {}", short(&classes[e.target])), (3, 2), style.color(&BLACK)))
-                .map_err(err)?;
-            cell.draw(&Text::new(format!("pred {} {:.2}", short(&classes[e.pred]), e.confidence), (3, 17), style.color(&verdict)))
-                .map_err(err)?;
-        }
-        root.present().map_err(err)?;
-    }
-    Ok(grid)
+    let captions = worst.iter().map(|e| {
+        let verdict = if e.target != e.pred { RGBColor(190, 0, 0) } else { RGBColor(0, 110, 0) };
+        vec![
+            (format!("true {}", short(&classes[e.target])), BLACK),
+            (format!("pred {} {:.2}", short(&classes[e.pred]), e.confidence), verdict),
+        ]
+    });
+    grid(thumbnails(samples, &picks, PICTURE).into_iter().zip(captions).collect(), columns)
 }
 
 /// A class name cut to what a cell holds.
@@ -94,34 +72,46 @@ fn short(name: &str) -> String {
     }
 }
 
-
 /// Pictures in a grid of `columns`, each scaled to fit a cell and captioned with up to two
 /// lines (a training batch with its labels, `ringtrain show-batch`).
 pub fn captioned_grid(pictures: &[RgbImage], captions: &[Vec<String>], columns: usize) -> Result<RgbImage> {
-    let columns = columns.clamp(1, pictures.len().max(1));
-    let rows = pictures.len().div_ceil(columns).max(1);
-    let (w, h) = (columns as u32 * CELL_W, rows as u32 * (PICTURE + CAPTION));
-    let corner = |k: usize| ((k % columns) as u32 * CELL_W, (k / columns) as u32 * (PICTURE + CAPTION));
-    let mut grid = RgbImage::from_pixel(w, h, image::Rgb([255, 255, 255]));
-    for (k, p) in pictures.iter().enumerate() {
+    let cells = pictures.iter().zip(captions.iter().map(Some).chain(std::iter::repeat(None))).map(|(p, lines)| {
         // Small crops are enlarged with nearest neighbour: their pixels as the network sees them.
         let scale = PICTURE as f64 / p.width().max(p.height()) as f64;
         let (pw, ph) = ((p.width() as f64 * scale) as u32, (p.height() as f64 * scale) as u32);
         let filter = if scale > 1.0 { image::imageops::FilterType::Nearest } else { image::imageops::FilterType::Triangle };
-        let t = image::imageops::resize(p, pw.max(1), ph.max(1), filter);
+        let lines = lines.into_iter().flatten().map(|l| (l.clone(), BLACK)).collect();
+        (Some(image::imageops::resize(p, pw.max(1), ph.max(1), filter)), lines)
+    });
+    grid(cells.collect(), columns)
+}
+
+/// A grid cell's picture (at most PICTURE on a side; None leaves it blank) and caption lines,
+/// each in its colour.
+type Cell = (Option<RgbImage>, Vec<(String, RGBColor)>);
+
+/// Cells in a grid of `columns`: each picture centred above up to two caption lines.
+fn grid(cells: Vec<Cell>, columns: usize) -> Result<RgbImage> {
+    let columns = columns.clamp(1, cells.len().max(1));
+    let rows = cells.len().div_ceil(columns).max(1);
+    let (w, h) = (columns as u32 * CELL_W, rows as u32 * (PICTURE + CAPTION));
+    let corner = |k: usize| ((k % columns) as u32 * CELL_W, (k / columns) as u32 * (PICTURE + CAPTION));
+    let mut grid = RgbImage::from_pixel(w, h, image::Rgb([255, 255, 255]));
+    for (k, t) in cells.iter().enumerate().filter_map(|(k, (t, _))| Some((k, t.as_ref()?))) {
         let (x, y) = corner(k);
         let (dx, dy) = ((CELL_W - t.width()) / 2, (PICTURE - t.height()) / 2);
-        image::imageops::overlay(&mut grid, &t, (x + dx) as i64, (y + dy) as i64);
+        image::imageops::overlay(&mut grid, t, (x + dx) as i64, (y + dy) as i64);
     }
-    let font = fonts::family_for(captions.iter().flatten().map(String::as_str));
+    let font = fonts::family_for(cells.iter().flat_map(|(_, lines)| lines.iter().map(|(l, _)| l.as_str())));
     {
-        let root = BitMapBackend::with_buffer(&mut *grid, (w, h)).into_drawing_area();
-        for (k, lines) in captions.iter().enumerate().take(pictures.len()) {
+        let root = BitMapBackend::with_buffer(&mut grid, (w, h)).into_drawing_area();
+        for (k, (_, lines)) in cells.iter().enumerate() {
+            // The caption's own area: a long line is cut at the cell's edge, not drawn over the next.
             let (x, y) = corner(k);
             let cell = root.clone().shrink((x, y + PICTURE), (CELL_W, CAPTION));
             let style = TextStyle::from((font, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Top));
-            for (i, line) in lines.iter().take(2).enumerate() {
-                cell.draw(&Text::new(line.clone(), (3, 2 + 15 * i as i32), style.color(&BLACK))).map_err(err)?;
+            for (i, (line, color)) in lines.iter().take(2).enumerate() {
+                cell.draw(&Text::new(line.clone(), (3, 2 + 15 * i as i32), style.color(color))).map_err(err)?;
             }
         }
         root.present().map_err(err)?;

@@ -4,6 +4,8 @@
 //! colour ops truncate, as `.to(torch.uint8)` does) and zero fill outside the image (the policies'
 //! default `fill=None`). Integer ops (posterize, solarize, invert, equalize) are exact;
 //! `tests/augment_policies.rs` states the bounds of the float ones.
+use super::rounding::{floor_f32, int_f32, round_even_f32};
+
 /// An operation of torchvision's augmentation spaces (its `transform_id`s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
@@ -177,20 +179,8 @@ fn linspace_f32(start: f32, end: f32, n: usize) -> impl Iterator<Item = f32> {
     })
 }
 
-/// Round half to even by the float adder itself: exact for |v| < 2^22, and a loop of it
-/// vectorises on any x86-64 (`round_ties_even` needs SSE4.1, else a libm call per value).
-#[inline(always)]
-fn round_even_small(v: f32) -> f32 {
-    const M: f32 = 12_582_912.0; // 1.5 · 2^23: the sum's last bit is the units
-    (v + M) - M
-}
 
-/// `floor` for |x| < 2^22, as `round_even_small` vectorises.
-#[inline(always)]
-fn floor_small(x: f32) -> f32 {
-    let r = round_even_small(x);
-    if r > x { r - 1.0 } else { r }
-}
+
 
 /// Zero pixels around the image in `grid_transform`'s copy: a sample point is clamped to within
 /// this border, where every neighbour it reads outside the image is 0 (`padding_mode="zeros"`).
@@ -202,9 +192,9 @@ multiversion! {
     /// padding_mode="zeros")` samples, rounded half to even.
     ///
     /// A row at a time, in passes that vectorise: the points, their floors and weights; the
-    /// neighbours' bytes gathered from a copy with a zero border (no bounds tests), a row per
-    /// channel; then each value's weighted sum, rounding and conversion. The float operations
-    /// are the scalar ones, in the same order.
+    /// neighbours from a copy with a zero border (no bounds tests), two 8-byte loads a pixel;
+    /// then each channel's weighted sums, rounding and conversion. The float operations are the
+    /// scalar ones, in the same order.
     fn grid_transform / grid_transform_baseline(img: &mut Image, m: [f64; 6], sampling: Sampling) {
         let (w, h) = (img.w, img.h);
         let theta = m.map(|v| v as f32);
@@ -217,26 +207,26 @@ multiversion! {
         ];
         let xs: Vec<f32> = linspace_f32((1.0 - w as f32) * 0.5, (w as f32 - 1.0) * 0.5, w).collect();
         let ys: Vec<f32> = linspace_f32((1.0 - h as f32) * 0.5, (h as f32 - 1.0) * 0.5, h).collect();
-        let pw = w + 2 * BORDER;
-        let mut src = vec![0u8; pw * (h + 2 * BORDER) * 3];
+        let stride = (w + 2 * BORDER) * 3;
+        // Eight bytes of slack at the end: a pixel and its east neighbour are read as one word.
+        let mut src = vec![0u8; stride * (h + 2 * BORDER) + 8];
         for (y, row) in img.px.chunks_exact(w * 3).enumerate() {
-            let o = ((y + BORDER) * pw + BORDER) * 3;
+            let o = (y + BORDER) * stride + BORDER * 3;
             src[o..o + w * 3].copy_from_slice(row);
         }
         let (wf, hf) = (w as f32, h as f32);
         // A point further out than the border reads only zeros; clamped there, its floor stays
         // exact and its offset inside the copy.
         let (lo, x_hi, y_hi) = (-(BORDER as f32) - 1.0, wf + 1.0, hf + 1.0);
-        let (b, xmax, ymax) = (BORDER as i32, w as i32, h as i32);
+        let (b, xmax, ymax) = (BORDER as f32, wf, hf);
         let (mut ix, mut iy) = (vec![0f32; w], vec![0f32; w]);
         // Per pixel of a row: the offset of its north-west neighbour in `src`, the four
-        // neighbours' weights (north-west, north-east, south-west, south-east), and per
-        // channel their bytes.
-        let mut at = vec![0usize; w];
+        // neighbours' weights (north-west, north-east, south-west, south-east), their RGB as
+        // the low three bytes of a word, and per channel the result.
+        let mut at = vec![0u32; w];
         let mut weight: [Vec<f32>; 4] = std::array::from_fn(|_| vec![0.0; w]);
-        let mut near: [[Vec<u8>; 3]; 4] = std::array::from_fn(|_| std::array::from_fn(|_| vec![0; w]));
-        let mut value = vec![0u8; w];
-        let corner = [0, 3, pw * 3, pw * 3 + 3];
+        let mut near: [Vec<u32>; 4] = std::array::from_fn(|_| vec![0; w]);
+        let mut value: [Vec<u8>; 3] = std::array::from_fn(|_| vec![0; w]);
         for (j, &y) in ys.iter().enumerate() {
             for (i, &x) in xs.iter().enumerate() {
                 let gx = x * rt[0][0] + y * rt[1][0] + rt[2][0];
@@ -246,44 +236,49 @@ multiversion! {
                 iy[i] = ((gy + 1.0) * (hf / 2.0) - 0.5).clamp(lo, y_hi);
             }
             let out = &mut img.px[j * w * 3..(j + 1) * w * 3];
+            // In u32 arithmetic, which vectorises (usize products do not, on AVX2).
             let offset = |x: f32, y: f32| {
-                let (x, y) = ((x as i32).clamp(-b, xmax) + b, (y as i32).clamp(-b, ymax) + b);
-                (y as usize * pw + x as usize) * 3
+                let (x, y) = (int_f32(x.clamp(-b, xmax)) + BORDER as i32, int_f32(y.clamp(-b, ymax)) + BORDER as i32);
+                y as u32 * stride as u32 + x as u32 * 3
             };
             if sampling == Sampling::Nearest {
                 for i in 0..w {
-                    at[i] = offset(round_even_small(ix[i]), round_even_small(iy[i]));
+                    at[i] = offset(round_even_f32(ix[i]), round_even_f32(iy[i]));
                 }
                 for (o, &a) in out.chunks_exact_mut(3).zip(&at) {
-                    o.copy_from_slice(&src[a..a + 3]);
+                    o.copy_from_slice(&src[a as usize..a as usize + 3]);
                 }
                 continue;
             }
             for i in 0..w {
-                let (x0, y0) = (floor_small(ix[i]), floor_small(iy[i]));
+                let (x0, y0) = (floor_f32(ix[i]), floor_f32(iy[i]));
                 let (we, ns) = (ix[i] - x0, iy[i] - y0);
                 let (ww, nn) = (1.0 - we, 1.0 - ns);
                 [weight[0][i], weight[1][i], weight[2][i], weight[3][i]] = [nn * ww, nn * we, ns * ww, ns * we];
                 at[i] = offset(x0, y0);
             }
+            let word = |o: usize| u64::from_le_bytes(src[o..o + 8].try_into().unwrap());
             for (i, &a) in at.iter().enumerate() {
-                for (k, &d) in corner.iter().enumerate() {
-                    let px = &src[a + d..a + d + 3];
-                    [near[k][0][i], near[k][1][i], near[k][2][i]] = [px[0], px[1], px[2]];
-                }
+                let (top, bottom) = (word(a as usize), word(a as usize + stride));
+                // Bytes 0-2 of each word are the west pixel, bytes 3-5 the east one.
+                [near[0][i], near[1][i]] = [top as u32, (top >> 24) as u32];
+                [near[2][i], near[3][i]] = [bottom as u32, (bottom >> 24) as u32];
             }
-            let [wa, wb, wc, wd] = &weight;
-            for c in 0..3 {
-                let [a, b, cc, d] = [&near[0][c], &near[1][c], &near[2][c], &near[3][c]];
+            // Every slice cut to the row's length, so the loop has no bounds tests.
+            let [nw, ne, sw, se] = [&near[0][..w], &near[1][..w], &near[2][..w], &near[3][..w]];
+            let [wa, wb, wc, wd] = [&weight[0][..w], &weight[1][..w], &weight[2][..w], &weight[3][..w]];
+            for (c, value) in value.iter_mut().enumerate() {
+                let (shift, value) = (8 * c, &mut value[..w]);
+                let byte = |v: &[u32], i: usize| ((v[i] >> shift) & 0xff) as f32;
                 for i in 0..w {
                     // torch's order of the sum: north-west, north-east, south-west, south-east.
-                    let v = a[i] as f32 * wa[i] + b[i] as f32 * wb[i] + cc[i] as f32 * wc[i] + d[i] as f32 * wd[i];
-                    // Clamped first, as torch does; then `as i32` converts a vector at a time.
-                    value[i] = round_even_small(v).clamp(0.0, 255.0) as i32 as u8;
+                    let v = byte(nw, i) * wa[i] + byte(ne, i) * wb[i] + byte(sw, i) * wc[i] + byte(se, i) * wd[i];
+                    // Clamped first, as torch does.
+                    value[i] = int_f32(round_even_f32(v).clamp(0.0, 255.0)) as u8;
                 }
-                for (o, &v) in out.iter_mut().skip(c).step_by(3).zip(&value) {
-                    *o = v;
-                }
+            }
+            for (i, o) in out.chunks_exact_mut(3).enumerate() {
+                o.copy_from_slice(&[value[0][i], value[1][i], value[2][i]]);
             }
         }
     }
@@ -348,25 +343,34 @@ multiversion! {
     /// here the sum is whole numbers, (8 neighbours + 5·centre) / 13 rounded: the same value,
     /// since a 13th is never within float32's error of a half (the nearest is 1/26 away).
     fn sharpness / sharpness_baseline(img: &mut Image, factor: f64) {
-        let (w, h) = (img.w, img.h);
-        if w <= 2 || h <= 2 {
-            return;
-        }
         let alpha = (1.0 - factor) as f32;
-        let src = img.px.to_vec();
-        let row = w * 3;
-        // A row at a time, each value's neighbours at ±3 in the rows above, at and below it.
-        for (y, out) in img.px.chunks_exact_mut(row).enumerate().take(h - 1).skip(1) {
-            let (up, cur, down) = (&src[(y - 1) * row..y * row], &src[y * row..(y + 1) * row], &src[(y + 1) * row..(y + 2) * row]);
-            for k in 3..row - 3 {
-                let ring = up[k - 3] as u32 + up[k] as u32 + up[k + 3] as u32 + cur[k - 3] as u32 + cur[k + 3] as u32
-                    + down[k - 3] as u32
-                    + down[k] as u32
-                    + down[k + 3] as u32;
-                let blur = ((2 * (ring + 5 * cur[k] as u32) + 13) / 26) as f32;
-                let v = cur[k] as f32;
-                out[k] = to_u8((blur - v).mul_add(alpha, v));
-            }
+        smooth_and_blend(img, |blur, v| {
+            let v = v as f32;
+            to_u8((blur as f32 - v).mul_add(alpha, v))
+        });
+    }
+}
+
+/// The inner values of `img` (not its border rows and columns), each replaced by
+/// `blend(its 3×3 smoothing, itself)`: the smoothing is (1s around a 5) / 13 rounded, in whole
+/// numbers. A row at a time, each value's neighbours at ±3 in the rows above, at and below it
+/// (sharpness, torchvision's and PIL's). Inlined, so it is built for AVX2 inside its callers.
+#[inline(always)]
+pub(super) fn smooth_and_blend(img: &mut Image, blend: impl Fn(u32, u8) -> u8) {
+    let (w, h) = (img.w, img.h);
+    if w <= 2 || h <= 2 {
+        return;
+    }
+    let src = img.px.to_vec();
+    let row = w * 3;
+    for (y, out) in img.px.chunks_exact_mut(row).enumerate().take(h - 1).skip(1) {
+        let (up, cur, down) = (&src[(y - 1) * row..y * row], &src[y * row..(y + 1) * row], &src[(y + 1) * row..(y + 2) * row]);
+        for k in 3..row - 3 {
+            let ring = up[k - 3] as u32 + up[k] as u32 + up[k + 3] as u32 + cur[k - 3] as u32 + cur[k + 3] as u32
+                + down[k - 3] as u32
+                + down[k] as u32
+                + down[k + 3] as u32;
+            out[k] = blend((2 * (ring + 5 * cur[k] as u32) + 13) / 26, cur[k]);
         }
     }
 }
@@ -470,7 +474,7 @@ pub fn equalize(img: &mut Image) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn image(w: usize, h: usize) -> Vec<u8> {
@@ -525,24 +529,32 @@ mod tests {
         }
     }
 
-    /// The vectorised passes give the definition's bits, on images from 1×1 up and on
-    /// matrices that send points far outside the image.
-    #[test]
-    fn grid_transform_is_grid_samples_definition() {
-        let mut state = 7u64;
+    /// Sizes and matrices for the samplings' tests (here and PIL's in `pil.rs`): images from
+    /// 1×1 up, their pixels, and matrices that send points far outside the image; every fifth a
+    /// whole-pixel shift, which puts points exactly on pixels and edges.
+    pub(in crate::data::augment) fn sampling_cases(seed: u64) -> Vec<(usize, usize, Vec<u8>, [f64; 6])> {
+        let mut state = seed;
         let mut uniform = || {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (state >> 11) as f64 / (1u64 << 53) as f64
         };
-        for case in 0..400 {
-            let (w, h) = [(1, 1), (2, 3), (17, 9), (40, 33)][case % 4];
-            let orig = image(w, h);
-            let shift = |size: usize, u: f64| (u - 0.5) * 3.0 * size as f64;
-            let m = match case % 5 {
-                // Whole-pixel translations put sample points exactly on pixels and borders.
-                0 => [1.0, 0.0, (shift(w, uniform()) / 4.0).round(), 0.0, 1.0, (shift(h, uniform()) / 4.0).round()],
-                _ => [4.0 * uniform() - 2.0, 4.0 * uniform() - 2.0, shift(w, uniform()), 4.0 * uniform() - 2.0, 4.0 * uniform() - 2.0, shift(h, uniform())],
-            };
+        let shift = |size: usize, u: f64| (u - 0.5) * 3.0 * size as f64;
+        (0..400)
+            .map(|case| {
+                let (w, h) = [(1, 1), (2, 3), (17, 9), (40, 33)][case % 4];
+                let m = match case % 5 {
+                    0 => [1.0, 0.0, (shift(w, uniform()) / 4.0).round(), 0.0, 1.0, (shift(h, uniform()) / 4.0).round()],
+                    _ => [4.0 * uniform() - 2.0, 4.0 * uniform() - 2.0, shift(w, uniform()), 4.0 * uniform() - 2.0, 4.0 * uniform() - 2.0, shift(h, uniform())],
+                };
+                (w, h, image(w, h), m)
+            })
+            .collect()
+    }
+
+    /// The vectorised passes give the definition's bits.
+    #[test]
+    fn grid_transform_is_grid_samples_definition() {
+        for (w, h, orig, m) in sampling_cases(7) {
             same_samples(&orig, (w, h), m, grid_transform_direct);
         }
     }

@@ -4,6 +4,7 @@
 //! ImageEnhance blends (float32, truncated), ImageOps.autocontrast's table and timm's
 //! solarize-add table. `tests/augment_policies.rs` checks them against timm's calls of PIL.
 use super::ops::Image;
+use super::rounding::{floor_f32, floor_f64, int_f32, int_f64};
 
 /// PIL's resampling filters for `Image.transform`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +18,9 @@ pub enum Filter {
 /// input at (a0·x' + a1·y' + a2, a3·x' + a4·y' + a5), x' = x + 0.5, y' = y + 0.5 (PIL's
 /// generic transform with its bilinear or bicubic filter; nearest as that path's filter).
 pub fn affine(img: &mut Image, a: [f64; 6], filter: Filter, fill: [u8; 3]) {
+    if filter == Filter::Bilinear {
+        return affine_bilinear(img, a, fill);
+    }
     let (w, h) = (img.w, img.h);
     let src = img.px.to_vec();
     for y in 0..h {
@@ -29,13 +33,85 @@ pub fn affine(img: &mut Image, a: [f64; 6], filter: Filter, fill: [u8; 3]) {
                 out.copy_from_slice(&fill);
                 continue;
             }
-            match filter {
-                Filter::Nearest => {
+            match filter == Filter::Nearest {
+                true => {
                     let o = (yin as usize * w + xin as usize) * 3;
                     out.copy_from_slice(&src[o..o + 3]);
                 }
-                Filter::Bilinear => bilinear(&src, w, h, xin, yin, out),
-                Filter::Bicubic => bicubic(&src, w, h, xin, yin, out),
+                false => bicubic(&src, w, h, xin, yin, out),
+            }
+        }
+    }
+}
+
+crate::multiversion! {
+    /// `affine` with PIL's bilinear filter (`bilinear_filter32RGB`: the four neighbours clamped
+    /// to the image, two lerps along x and one along y in doubles, truncated), a row at a time in
+    /// passes that vectorise: the points and weights; the neighbours from a copy whose edge rows
+    /// and columns are repeated once outside (so the clamped neighbours are always adjacent
+    /// there), two 8-byte loads a pixel; then each channel's lerps. The same double operations
+    /// in the same order as pixel by pixel.
+    fn affine_bilinear / affine_bilinear_baseline(img: &mut Image, a: [f64; 6], fill: [u8; 3]) {
+        let (w, h) = (img.w, img.h);
+        let (wf, hf) = (w as f64, h as f64);
+        let stride = (w + 2) * 3;
+        // Eight bytes of slack at the end: a pixel and its east neighbour are read as one word.
+        let mut src = vec![0u8; stride * (h + 2) + 8];
+        for (py, padded) in src.chunks_exact_mut(stride).enumerate() {
+            let y = py.saturating_sub(1).min(h - 1);
+            let row = &img.px[y * w * 3..(y + 1) * w * 3];
+            padded[..3].copy_from_slice(&row[..3]);
+            padded[3..3 + w * 3].copy_from_slice(row);
+            padded[3 + w * 3..].copy_from_slice(&row[(w - 1) * 3..]);
+        }
+        let (mut inside, mut at) = (vec![false; w], vec![0u32; w]);
+        let (mut dx, mut dy) = (vec![0f64; w], vec![0f64; w]);
+        // Per pixel of a row: its four neighbours' RGB (north-west, north-east, south-west,
+        // south-east) as the low three bytes of a word, and per channel the result.
+        let mut near: [Vec<u32>; 4] = std::array::from_fn(|_| vec![0; w]);
+        let mut value: [Vec<u8>; 3] = std::array::from_fn(|_| vec![0; w]);
+        for y in 0..h {
+            let yo = y as f64 + 0.5;
+            for x in 0..w {
+                let xo = x as f64 + 0.5;
+                let (xin, yin) = (a[0] * xo + a[1] * yo + a[2], a[3] * xo + a[4] * yo + a[5]);
+                inside[x] = xin >= 0.0 && xin < wf && yin >= 0.0 && yin < hf;
+                // A point outside is filled below; (0, 0) keeps its reads inside the copy.
+                let (xs, ys) = match inside[x] {
+                    true => (xin - 0.5, yin - 0.5),
+                    false => (0.0, 0.0),
+                };
+                let (fx, fy) = (floor_f64(xs), floor_f64(ys));
+                [dx[x], dy[x]] = [xs - fx, ys - fy];
+                // floor(xs) ≥ -1: column -1 of the image is column 0 of the copy.
+                at[x] = (int_f64(fy) + 1) as u32 * stride as u32 + (int_f64(fx) + 1) as u32 * 3;
+            }
+            let word = |o: usize| u64::from_le_bytes(src[o..o + 8].try_into().unwrap());
+            for (x, &o) in at.iter().enumerate() {
+                let (top, bottom) = (word(o as usize), word(o as usize + stride));
+                // Bytes 0-2 of each word are the west pixel, bytes 3-5 the east one.
+                [near[0][x], near[1][x]] = [top as u32, (top >> 24) as u32];
+                [near[2][x], near[3][x]] = [bottom as u32, (bottom >> 24) as u32];
+            }
+            let lerp = |a: f64, b: f64, d: f64| a + (b - a) * d;
+            // Every slice cut to the row's length, so the loop has no bounds tests.
+            let [nw, ne, sw, se] = [&near[0][..w], &near[1][..w], &near[2][..w], &near[3][..w]];
+            let (dx, dy) = (&dx[..w], &dy[..w]);
+            for (c, value) in value.iter_mut().enumerate() {
+                let (shift, value) = (8 * c, &mut value[..w]);
+                let byte = |v: &[u32], i: usize| ((v[i] >> shift) & 0xff) as f64;
+                for i in 0..w {
+                    let v1 = lerp(byte(nw, i), byte(ne, i), dx[i]);
+                    let v2 = lerp(byte(sw, i), byte(se, i), dx[i]);
+                    // Within 0..255, so truncation is the floor, as PIL truncates.
+                    value[i] = int_f64(floor_f64(lerp(v1, v2, dy[i]))) as u8;
+                }
+            }
+            for (x, out) in img.px[y * w * 3..(y + 1) * w * 3].chunks_exact_mut(3).enumerate() {
+                out.copy_from_slice(&match inside[x] {
+                    true => [value[0][x], value[1][x], value[2][x]],
+                    false => fill,
+                });
             }
         }
     }
@@ -48,26 +124,6 @@ fn floor(v: f64) -> i64 {
 
 fn clip(v: i64, size: usize) -> usize {
     v.clamp(0, size as i64 - 1) as usize
-}
-
-/// `bilinear_filter32RGB`: rows and columns clamped to the image, the lower row replaced by the
-/// upper one past the bottom edge, truncated to u8.
-fn bilinear(src: &[u8], w: usize, h: usize, xin: f64, yin: f64, out: &mut [u8]) {
-    let (xin, yin) = (xin - 0.5, yin - 0.5);
-    let (x, y) = (floor(xin), floor(yin));
-    let (dx, dy) = (xin - x as f64, yin - y as f64);
-    let (x0, x1) = (clip(x, w), clip(x + 1, w));
-    let lerp = |a: f64, b: f64, d: f64| a + (b - a) * d;
-    for (c, o) in out.iter_mut().enumerate() {
-        let at = |row: usize, col: usize| src[(row * w + col) * 3 + c] as f64;
-        let r0 = clip(y, h);
-        let v1 = lerp(at(r0, x0), at(r0, x1), dx);
-        let v2 = match y + 1 >= 0 && y + 1 < h as i64 {
-            true => lerp(at((y + 1) as usize, x0), at((y + 1) as usize, x1), dx),
-            false => v1,
-        };
-        *o = lerp(v1, v2, dy) as u8;
-    }
 }
 
 /// `bicubic_filter32RGB`: PIL's cubic (a = -1) over 4×4 clamped neighbours, rows past the
@@ -126,26 +182,38 @@ pub fn rotate(img: &mut Image, degrees: f64, filter: Filter, fill: [u8; 3]) {
 
 /// `ImagingBlend(degenerate, image, alpha)`: degenerate + alpha·(image - degenerate) in
 /// float32, truncated (clipped to 0..255 when alpha extrapolates).
+#[inline(always)]
 fn blend(degenerate: u8, v: u8, alpha: f32) -> u8 {
     let t = degenerate as i32 as f32 + alpha * (v as i32 - degenerate as i32) as f32;
-    t.clamp(0.0, 255.0) as u8
+    // Non-negative once clipped: truncation is the floor.
+    int_f32(floor_f32(t.clamp(0.0, 255.0))) as u8
 }
 
 /// PIL's "L" of an RGB pixel: ITU-R 601-2 luma in 16-bit fixed point, rounded.
+#[inline(always)]
 fn luma(p: &[u8]) -> u8 {
     ((p[0] as u32 * 19595 + p[1] as u32 * 38470 + p[2] as u32 * 7471 + 0x8000) >> 16) as u8
 }
 
-/// `ImageEnhance.Brightness(img).enhance(f)`: blended with black.
-pub fn brightness(img: &mut Image, f: f64) {
-    img.px.iter_mut().for_each(|v| *v = blend(0, *v, f as f32));
+/// Every value blended with one `degenerate` value: a table of the 256 results.
+fn blend_all(img: &mut Image, degenerate: u8, alpha: f32) {
+    let lut: Vec<u8> = (0..=255u8).map(|v| blend(degenerate, v, alpha)).collect();
+    img.px.iter_mut().for_each(|v| *v = lut[*v as usize]);
 }
 
-/// `ImageEnhance.Color(img).enhance(f)`: blended with its own "L" image.
-pub fn color(img: &mut Image, f: f64) {
-    for p in img.px.chunks_exact_mut(3) {
-        let l = luma(p);
-        p.iter_mut().for_each(|v| *v = blend(l, *v, f as f32));
+/// `ImageEnhance.Brightness(img).enhance(f)`: blended with black.
+pub fn brightness(img: &mut Image, f: f64) {
+    blend_all(img, 0, f as f32);
+}
+
+crate::multiversion! {
+    /// `ImageEnhance.Color(img).enhance(f)`: blended with its own "L" image.
+    pub fn color / color_baseline(img: &mut Image, f: f64) {
+        let alpha = f as f32;
+        for p in img.px.chunks_exact_mut(3) {
+            let l = luma(p);
+            p.iter_mut().for_each(|v| *v = blend(l, *v, alpha));
+        }
     }
 }
 
@@ -154,30 +222,15 @@ pub fn contrast(img: &mut Image, f: f64) {
     let n = img.px.len() / 3;
     let sum: u64 = img.px.chunks_exact(3).map(|p| luma(p) as u64).sum();
     let mean = (sum as f64 / n as f64 + 0.5) as u8;
-    img.px.iter_mut().for_each(|v| *v = blend(mean, *v, f as f32));
+    blend_all(img, mean, f as f32);
 }
 
-/// `ImageEnhance.Sharpness(img).enhance(f)`: blended with `ImageFilter.SMOOTH` (1s around a
-/// 5, over 13, rounded; the border rows and columns are the image's own).
-pub fn sharpness(img: &mut Image, f: f64) {
-    let (w, h) = (img.w, img.h);
-    let src = img.px.to_vec();
-    let row = w * 3;
-    for y in 0..h {
-        for x in 0..w {
-            let o = y * row + x * 3;
-            for c in o..o + 3 {
-                let smooth = match x == 0 || y == 0 || x == w - 1 || y == h - 1 {
-                    true => src[c],
-                    false => {
-                        let around = [c - row - 3, c - row, c - row + 3, c - 3, c + 3, c + row - 3, c + row];
-                        let ring: u32 = around.iter().chain([&(c + row + 3)]).map(|&k| src[k] as u32).sum();
-                        ((2 * (ring + 5 * src[c] as u32) + 13) / 26) as u8
-                    }
-                };
-                img.px[c] = blend(smooth, src[c], f as f32);
-            }
-        }
+crate::multiversion! {
+    /// `ImageEnhance.Sharpness(img).enhance(f)`: blended with `ImageFilter.SMOOTH` (1s around a
+    /// 5, over 13, rounded; the border rows and columns are the image's own, so stay).
+    pub fn sharpness / sharpness_baseline(img: &mut Image, f: f64) {
+        let alpha = f as f32;
+        super::ops::smooth_and_blend(img, |smooth, v| blend(smooth as u8, v, alpha));
     }
 }
 
@@ -204,6 +257,79 @@ pub fn solarize_add(img: &mut Image, add: u32, threshold: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `bilinear_filter32RGB`, pixel by pixel, as `affine` computed it before its passes: rows and columns clamped to the image, the lower row replaced by the
+    /// upper one past the bottom edge, truncated to u8.
+    fn bilinear(src: &[u8], w: usize, h: usize, xin: f64, yin: f64, out: &mut [u8]) {
+        let (xin, yin) = (xin - 0.5, yin - 0.5);
+        let (x, y) = (floor(xin), floor(yin));
+        let (dx, dy) = (xin - x as f64, yin - y as f64);
+        let (x0, x1) = (clip(x, w), clip(x + 1, w));
+        let lerp = |a: f64, b: f64, d: f64| a + (b - a) * d;
+        for (c, o) in out.iter_mut().enumerate() {
+            let at = |row: usize, col: usize| src[(row * w + col) * 3 + c] as f64;
+            let r0 = clip(y, h);
+            let v1 = lerp(at(r0, x0), at(r0, x1), dx);
+            let v2 = match y + 1 >= 0 && y + 1 < h as i64 {
+                true => lerp(at((y + 1) as usize, x0), at((y + 1) as usize, x1), dx),
+                false => v1,
+            };
+            *o = lerp(v1, v2, dy) as u8;
+        }
+    }
+
+    /// `affine`'s bilinear case pixel by pixel.
+    fn affine_bilinear_direct(img: &mut Image, a: [f64; 6], fill: [u8; 3]) {
+        let (w, h) = (img.w, img.h);
+        let src = img.px.to_vec();
+        for y in 0..h {
+            for x in 0..w {
+                let (xo, yo) = (x as f64 + 0.5, y as f64 + 0.5);
+                let (xin, yin) = (a[0] * xo + a[1] * yo + a[2], a[3] * xo + a[4] * yo + a[5]);
+                let out = &mut img.px[(y * w + x) * 3..(y * w + x) * 3 + 3];
+                match xin < 0.0 || xin >= w as f64 || yin < 0.0 || yin >= h as f64 {
+                    true => out.copy_from_slice(&fill),
+                    false => bilinear(&src, w, h, xin, yin, out),
+                }
+            }
+        }
+    }
+
+    /// The passes (and their baseline build) give the pixel-by-pixel bytes, on the sizes and
+    /// matrices torchvision's sampling is tested on.
+    #[test]
+    fn bilinear_passes_are_the_pixel_by_pixel_filter() {
+        for (w, h, orig, a) in crate::data::augment::ops::tests::sampling_cases(11) {
+            let want = {
+                let mut px = orig.clone();
+                affine_bilinear_direct(&mut Image { w, h, px: &mut px }, a, [1, 2, 3]);
+                px
+            };
+            for f in [affine_bilinear, affine_bilinear_baseline] {
+                let mut px = orig.clone();
+                f(&mut Image { w, h, px: &mut px }, a, [1, 2, 3]);
+                assert_eq!(px, want, "{w}x{h} {a:?}");
+            }
+        }
+    }
+
+    /// The blends' AVX2 builds give the baseline builds' bytes (timm's own test, against PIL,
+    /// runs only the build this CPU picks).
+    #[test]
+    fn the_avx2_builds_give_the_baselines_bits() {
+        let (w, h) = (23, 11);
+        let orig: Vec<u8> = (0..w * h * 3).map(|i| (i * 97 % 256) as u8).collect();
+        type Op = fn(&mut Image, f64);
+        let ops: [(Op, Op); 2] = [(color, color_baseline), (sharpness, sharpness_baseline)];
+        for (fast, baseline) in ops {
+            for f in [0.0, 0.1, 0.9, 1.0, 1.37, 1.9] {
+                let (mut a, mut b) = (orig.clone(), orig.clone());
+                fast(&mut Image { w, h, px: &mut a }, f);
+                baseline(&mut Image { w, h, px: &mut b }, f);
+                assert_eq!(a, b, "{f}");
+            }
+        }
+    }
 
     #[test]
     fn identity_matrices_and_whole_turns_keep_every_pixel() {

@@ -255,11 +255,11 @@ pub struct NearestIndices {
 }
 
 fn flip_horizontal(buf: &mut [u8], size: usize) {
+    let mut copy = vec![0u8; size * 3];
     for row in buf.chunks_exact_mut(size * 3) {
-        for x in 0..size / 2 {
-            for c in 0..3 {
-                row.swap(x * 3 + c, (size - 1 - x) * 3 + c);
-            }
+        copy.copy_from_slice(row);
+        for (out, px) in row.chunks_exact_mut(3).zip(copy.chunks_exact(3).rev()) {
+            out.copy_from_slice(px);
         }
     }
 }

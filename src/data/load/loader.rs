@@ -14,6 +14,7 @@ use rand::seq::SliceRandom;
 use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
+use super::buffers::Buffers;
 use super::cache::{Budget, Cache};
 use super::normalize::{HostNormalize, Normalizer};
 use super::on_device::{DeviceSet, DeviceSetOptions};
@@ -42,6 +43,7 @@ pub struct Loader {
     /// `--data-on-device`: the whole set on the device; batches are made there, not by the pool.
     on_device: Option<DeviceSet>,
     pool: Arc<rayon::ThreadPool>,
+    buffers: Arc<Buffers>,
 }
 
 /// This rank's part of every epoch, as PyTorch's DistributedSampler: the epoch's permutation
@@ -152,6 +154,8 @@ impl Loader {
             whole_jpeg: o.whole_jpeg,
             repeats: o.repeats.map(|r| r.max(1)),
             pool: Arc::new(pool),
+            // The queued batches, the one the consumer holds and the one before it.
+            buffers: Arc::new(Buffers::new(o.prefetch.max(1) + 2)),
         })
     }
 
@@ -275,11 +279,12 @@ impl Loader {
             };
         }
         let (queue_tx, queue_rx) = sync_channel::<Receiver<Result<Batch>>>(self.prefetch.saturating_sub(1));
-        let (samples, transform, pool, cache) = (
+        let (samples, transform, pool, cache, buffers) = (
             self.samples.clone(),
             self.transform.clone(),
             self.pool.clone(),
             self.cache.clone(),
+            self.buffers.clone(),
         );
         let (bs, seed, n_batches, skip, normalize, pin_memory, whole_jpeg) = (
             self.batch_size,
@@ -296,7 +301,7 @@ impl Loader {
                 for chunk in order.chunks(bs).take(n_batches).skip(start) {
                     let (tx, rx) = sync_channel(1);
                     let (samples, transform, chunk) = (samples.clone(), transform.clone(), chunk.to_vec());
-                    let cache = cache.clone();
+                    let (cache, buffers) = (cache.clone(), buffers.clone());
                     pool.spawn(move || {
                         let job = BatchJob {
                             samples: &samples,
@@ -308,6 +313,7 @@ impl Loader {
                             normalize,
                             pin_memory,
                             whole_jpeg,
+                            buffers: &buffers,
                         };
                         let _ = tx.send(job.make(&chunk));
                     });
@@ -356,6 +362,7 @@ struct BatchJob<'a> {
     normalize: Option<HostNormalize>,
     pin_memory: bool,
     whole_jpeg: bool,
+    buffers: &'a Buffers,
 }
 
 impl BatchJob<'_> {
@@ -370,11 +377,15 @@ impl BatchJob<'_> {
             Some(h) if h.channels_last => ([n as i64, size, size, 3], Kind::Float),
             Some(_) => ([n as i64, 3, size, size], Kind::Float),
         };
-        let images = host_tensor(&shape, kind, self.pin_memory);
+        let images = match self.pin_memory {
+            true => host_tensor(&shape, kind, true),
+            false => self.buffers.take(&shape, kind),
+        };
         let results: Vec<Result<()>> = match self.normalize {
             None => {
-                // SAFETY: a fresh contiguous CPU tensor of exactly n * per bytes that nothing
-                // else references until it is returned; the workers write disjoint chunks.
+                // SAFETY: a contiguous CPU tensor of exactly n * per bytes, fresh or reused
+                // (`Buffers` hands one out only when nothing else holds it), that nothing else
+                // references until it is returned; the workers write disjoint chunks.
                 let px: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(images.data_ptr() as *mut u8, n * per) };
                 px.par_chunks_mut(per)
                     .zip(indices.par_iter())

@@ -1,7 +1,9 @@
 //! Loading: samples into batches. The epoch's order (`order.rs` for sharded sources, `loader.rs`
 //! otherwise), one sample read, decoded and transformed (`sample.rs`), batches built by a worker
 //! pool (`loader.rs`) or on the device from the whole set there (`on_device.rs`), the RAM cache
-//! (`cache.rs`) and normalisation (`normalize.rs`). Uses `source`, `decode` and `augment`.
+//! (`cache.rs`), normalisation (`normalize.rs`) and the reuse of host batch tensors
+//! (`buffers.rs`). Uses `source`, `decode` and `augment`.
+pub mod buffers;
 pub mod cache;
 pub mod loader;
 pub mod normalize;

@@ -28,8 +28,15 @@ pub struct HostNormalize {
 impl HostNormalize {
     /// One image: u8 HWC `src` → f32 `dst`, CHW (or HWC when channels_last).
     pub fn apply(&self, src: &[u8], dst: &mut [f32]) {
-        let (s, t) = (self.scale, self.shift);
-        if self.channels_last {
+        host_normalize(self, src, dst)
+    }
+}
+
+crate::multiversion! {
+    /// `HostNormalize::apply`, built for AVX2 too: x·scale + shift, unfused, eight at a time.
+    fn host_normalize / host_normalize_baseline(n: &HostNormalize, src: &[u8], dst: &mut [f32]) {
+        let (s, t) = (n.scale, n.shift);
+        if n.channels_last {
             for (d, px) in dst.chunks_exact_mut(3).zip(src.chunks_exact(3)) {
                 for c in 0..3 {
                     d[c] = px[c] as f32 * s[c] + t[c];
@@ -39,10 +46,10 @@ impl HostNormalize {
             let plane = src.len() / 3;
             let (r, rest) = dst.split_at_mut(plane);
             let (g, b) = rest.split_at_mut(plane);
-            for (i, px) in src.chunks_exact(3).enumerate() {
-                r[i] = px[0] as f32 * s[0] + t[0];
-                g[i] = px[1] as f32 * s[1] + t[1];
-                b[i] = px[2] as f32 * s[2] + t[2];
+            for (((px, r), g), b) in src.chunks_exact(3).zip(r).zip(g).zip(b) {
+                *r = px[0] as f32 * s[0] + t[0];
+                *g = px[1] as f32 * s[1] + t[1];
+                *b = px[2] as f32 * s[2] + t[2];
             }
         }
     }
