@@ -75,12 +75,12 @@ fn short(name: &str) -> String {
 /// Pictures in a grid of `columns`, each scaled to fit a cell and captioned with up to two
 /// lines (a training batch with its labels, `ringtrain show-batch`).
 pub fn captioned_grid(pictures: &[RgbImage], captions: &[Vec<String>], columns: usize) -> Result<RgbImage> {
-    let cells = pictures.iter().zip(captions.iter().map(Some).chain(std::iter::repeat(None))).map(|(p, lines)| {
+    let cells = pictures.iter().enumerate().map(|(k, p)| {
         // Small crops are enlarged with nearest neighbour: their pixels as the network sees them.
         let scale = PICTURE as f64 / p.width().max(p.height()) as f64;
         let (pw, ph) = ((p.width() as f64 * scale) as u32, (p.height() as f64 * scale) as u32);
         let filter = if scale > 1.0 { image::imageops::FilterType::Nearest } else { image::imageops::FilterType::Triangle };
-        let lines = lines.into_iter().flatten().map(|l| (l.clone(), BLACK)).collect();
+        let lines = captions.get(k).into_iter().flatten().map(|l| (l.clone(), BLACK)).collect();
         (Some(image::imageops::resize(p, pw.max(1), ph.max(1), filter)), lines)
     });
     grid(cells.collect(), columns)

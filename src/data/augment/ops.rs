@@ -179,9 +179,6 @@ fn linspace_f32(start: f32, end: f32, n: usize) -> impl Iterator<Item = f32> {
     })
 }
 
-
-
-
 /// Zero pixels around the image in `grid_transform`'s copy: a sample point is clamped to within
 /// this border, where every neighbour it reads outside the image is 0 (`padding_mode="zeros"`).
 const BORDER: usize = 2;

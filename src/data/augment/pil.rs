@@ -258,8 +258,9 @@ pub fn solarize_add(img: &mut Image, add: u32, threshold: u32) {
 mod tests {
     use super::*;
 
-    /// `bilinear_filter32RGB`, pixel by pixel, as `affine` computed it before its passes: rows and columns clamped to the image, the lower row replaced by the
-    /// upper one past the bottom edge, truncated to u8.
+    /// `bilinear_filter32RGB`, pixel by pixel, as `affine` computed it before its passes: rows
+    /// and columns clamped to the image, the lower row replaced by the upper one past the bottom
+    /// edge, truncated to u8.
     fn bilinear(src: &[u8], w: usize, h: usize, xin: f64, yin: f64, out: &mut [u8]) {
         let (xin, yin) = (xin - 0.5, yin - 0.5);
         let (x, y) = (floor(xin), floor(yin));

@@ -66,12 +66,14 @@ mod tests {
         assert_eq!(again.data_ptr(), ptr);
         drop(again);
         assert_ne!(b.take(&[3, 2], Kind::Float).data_ptr(), ptr);
-        // Full (two kept, the second still held): a third shape evicts the free first one.
+        // Full (two kept, `second` still held): another shape evicts the free one and is kept.
         let third = b.take(&[4], Kind::Uint8);
-        assert_eq!(b.kept.lock().unwrap().len(), 2);
+        let kept: Vec<Vec<i64>> = b.kept.lock().unwrap().iter().map(|t| t.size()).collect();
+        assert_eq!(kept, [vec![2, 3], vec![4]]);
         // tch's shallow clones share the handle's TensorImpl, and still count as holding it.
         let clone = third.shallow_clone();
         drop(third);
         assert_ne!(b.take(&[4], Kind::Uint8).data_ptr(), clone.data_ptr());
+        drop(second);
     }
 }
