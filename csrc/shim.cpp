@@ -3,6 +3,7 @@
 #include "error.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/Event.h>
@@ -10,6 +11,7 @@
 #include <c10/util/Logging.h>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <string>
 
 #ifdef RT_WITH_CUDA
@@ -107,6 +109,16 @@ int rt_clear_grads(rt_tensor** params, int n) {
 
 int64_t rt_storage_use_count(rt_tensor* t) {
   return t->has_storage() ? static_cast<int64_t>(t->storage().use_count()) : 0;
+}
+
+int rt_torch_randperm(int64_t n, uint64_t seed, int64_t* out) {
+  return guarded([&] {
+    // A fresh generator, as torch.Generator().manual_seed(seed): the global one is untouched.
+    auto gen = at::detail::createCPUGenerator(seed);
+    auto perm = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+    std::copy_n(perm.data_ptr<int64_t>(), n, out);
+    return 0;
+  });
 }
 
 rt_tensor* rt_empty_pinned(const int64_t* sizes, int ndim, int dtype) {

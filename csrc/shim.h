@@ -45,6 +45,10 @@ int rt_clear_grads(rt_tensor** params, int n);
 // whose count is 1 is held by that one handle alone and may be written again.
 int64_t rt_storage_use_count(rt_tensor* t);
 
+// torch.randperm(n, generator=torch.Generator().manual_seed(seed)) into out[0..n): the order
+// PyTorch's DistributedSampler and torchvision's RASampler draw for seed + epoch.
+int rt_torch_randperm(int64_t n, uint64_t seed, int64_t* out);
+
 // An uninitialised CPU tensor in page-locked memory from PyTorch's pinned-memory caching
 // allocator (blocks are reused, and not while an asynchronous copy from them is pending), so a
 // host-to-GPU copy from it can be asynchronous. dtype uses c10::ScalarType values. Needs a

@@ -229,6 +229,10 @@ pub struct TrainConfig {
     /// the copies on different ranks.
     pub ra_sampler: bool,
     pub ra_reps: usize,
+    /// Shuffle as PyTorch's `DistributedSampler` and torchvision's `RASampler` seeded with this
+    /// do: each epoch's permutation is `torch.randperm(n)` from a generator seeded seed + epoch,
+    /// so the run reads its samples in a PyTorch script's order (None: drawn from `seed`).
+    pub torch_sampler_seed: Option<u64>,
     /// RandomResizedCrop area range.
     pub crop_scale: Vec<f64>,
     /// CIFAR-style training crop instead: Resize(img_size) + RandomCrop(img_size, padding=N).
@@ -390,6 +394,7 @@ impl Default for TrainConfig {
             augmix_severity: 3,
             ra_sampler: false,
             ra_reps: 3,
+            torch_sampler_seed: None,
             crop_scale: vec![0.08, 1.0],
             crop_padding: None,
             hflip: true,
@@ -452,6 +457,7 @@ pub const UNSET_DEFAULTS: &[(&str, &str)] = &[
     ("t_max", "epochs"),
     ("constant_lr", "eta-min"),
     ("crop_padding", "none: RandomResizedCrop"),
+    ("torch_sampler_seed", "none: the order drawn from --seed"),
     ("auto_augment", "none: no policy"),
     ("workers", "available cores"),
     ("cache_gb", "half the available memory, shared by the node's ranks"),

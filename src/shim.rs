@@ -39,6 +39,7 @@ mod ffi {
         pub fn rt_set_grad(param: *mut torch_sys::C_tensor, grad: *mut torch_sys::C_tensor) -> c_int;
         pub fn rt_clear_grads(params: *const *mut torch_sys::C_tensor, n: c_int) -> c_int;
         pub fn rt_storage_use_count(t: *mut torch_sys::C_tensor) -> i64;
+        pub fn rt_torch_randperm(n: i64, seed: u64, out: *mut i64) -> c_int;
         pub fn rt_empty_pinned(sizes: *const i64, ndim: c_int, dtype: c_int) -> *mut torch_sys::C_tensor;
         pub fn rt_fused_sgd(
             params: *const *mut torch_sys::C_tensor,
@@ -291,6 +292,15 @@ pub fn clear_grads(params: &[Tensor]) -> Result<()> {
 pub fn storage_use_count(t: &Tensor) -> i64 {
     // SAFETY: reads a reference count of a live tensor.
     unsafe { ffi::rt_storage_use_count(t.as_ptr() as *mut torch_sys::C_tensor) }
+}
+
+/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))`: libtorch's own draw, so
+/// a run can read its samples in the order a PyTorch sampler seeded the same way gives.
+pub fn torch_randperm(n: usize, seed: u64) -> Result<Vec<usize>> {
+    let mut out = vec![0i64; n];
+    // SAFETY: the shim writes exactly n values into `out`.
+    check(unsafe { ffi::rt_torch_randperm(n as i64, seed, out.as_mut_ptr()) })?;
+    Ok(out.into_iter().map(|i| i as usize).collect())
 }
 
 /// An uninitialised CPU tensor in pinned (page-locked) memory, for asynchronous copies to a

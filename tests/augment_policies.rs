@@ -16,6 +16,8 @@ use ringtrain::data::augment::ops::{self, Image, Op, Sampling};
 use ringtrain::data::augment::pil::Filter;
 use ringtrain::data::augment::policy::{AutoAugment, Draw, Policy, Step};
 use ringtrain::data::augment::timm_rand::{TimmOp, TimmRand, TimmRandSpec, TimmStep};
+use ringtrain::data::augment::transform::{Interpolation, Transform};
+use ringtrain::data::load::loader::{Loader, LoaderOptions, Shard};
 use ringtrain::data::load::order::{repeated_len, repeated_order};
 
 fn policy(kind: AutoAugment) -> Policy {
@@ -313,6 +315,63 @@ print(json.dumps([list(RepeatAugSampler(list(range({n})), num_replicas={world}, 
             }
         }
     }
+}
+
+/// `--torch-sampler-seed`: each rank's training order is the one PyTorch's own samplers give
+/// it, drawn by torch itself here (no patched randperm): `DistributedSampler(seed=5)` without
+/// repeated augmentation, timm's `RepeatAugSampler` (seeded 0 + epoch, as torchvision's
+/// `RASampler`) with it, over several epochs and world sizes, padding included.
+#[test]
+fn torch_sampler_seed_gives_each_rank_what_pytorchs_samplers_give_it() {
+    let n = 1001;
+    let code = format!(
+        r#"import json, torch
+from torch.utils.data.distributed import DistributedSampler
+from timm.data.distributed_sampler import RepeatAugSampler
+out = {{}}
+for world in (1, 2, 3):
+    for epoch in (0, 1, 7):
+        plain, repeated = [], []
+        for r in range(world):
+            s = DistributedSampler(range({n}), num_replicas=world, rank=r, shuffle=True, seed=5)
+            s.set_epoch(epoch)
+            plain.append(list(s))
+            s = RepeatAugSampler(range({n}), num_replicas=world, rank=r, num_repeats=4)
+            s.set_epoch(epoch)
+            repeated.append(list(s))
+        out[f"{{world}} {{epoch}}"] = [plain, repeated]
+print(json.dumps(out))"#
+    );
+    let theirs: BTreeMap<String, [Vec<Vec<usize>>; 2]> = serde_json::from_str(&common::run_python_code(&code)).unwrap();
+    let samples: Vec<(std::path::PathBuf, usize)> = (0..n).map(|i| (format!("{i}.png").into(), 0)).collect();
+    let loader = |seed: u64, repeats: Option<usize>, rank: usize, world: usize| {
+        let options = LoaderOptions {
+            shuffle: true,
+            seed: 99, // ringtrain's own seed: unused when the order is torch's
+            torch_sampler_seed: Some(seed),
+            repeats,
+            shard: (world > 1).then_some(Shard { rank, world, pad: true }),
+            ..LoaderOptions::in_order(8, 1)
+        };
+        Loader::new(samples.clone(), Transform::eval(8, 8, Interpolation::Bilinear), options).unwrap()
+    };
+    for (key, [plain, repeated]) in &theirs {
+        let (world, epoch): (usize, u64) = {
+            let mut w = key.split(' ').map(|v| v.parse::<usize>().unwrap());
+            (w.next().unwrap(), w.next().unwrap() as u64)
+        };
+        for rank in 0..world {
+            let at = format!("world {world}, epoch {epoch}, rank {rank}");
+            assert_eq!(loader(5, None, rank, world).order(epoch), plain[rank], "DistributedSampler, {at}");
+            let keys = loader(0, Some(4), rank, world).order(epoch);
+            let got: Vec<usize> = keys.iter().map(|k| k % n).collect();
+            assert_eq!(got, repeated[rank], "RepeatAugSampler, {at}");
+        }
+    }
+    // Without the option the order is ringtrain's own, drawn from --seed: not torch's.
+    let options = LoaderOptions { shuffle: true, seed: 5, ..LoaderOptions::in_order(8, 1) };
+    let own = Loader::new(samples, Transform::eval(8, 8, Interpolation::Bilinear), options).unwrap();
+    assert_ne!(own.order(0), theirs["1 0"][0][0]);
 }
 
 #[test]

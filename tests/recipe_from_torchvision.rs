@@ -75,6 +75,8 @@ fn launchers_give_the_global_batch_and_train_py_its_defaults() {
         ("auto_augment", "ta_wide".into()),
         ("random_erasing", 0.1.into()),
         ("mix_style", "torchvision".into()),
+        // Distributed, train.py's samplers shuffle with torch.randperm seeded 0 + epoch.
+        ("torch_sampler_seed", 0.into()),
     ] {
         assert_eq!(get(&t, key), &want, "{key}");
     }
@@ -108,6 +110,8 @@ fn launchers_give_the_global_batch_and_train_py_its_defaults() {
     ] {
         assert_eq!(get(&t, key), &want, "{key}");
     }
+    // One process shuffles with an unseeded RandomSampler: no order to copy.
+    assert!(t.get("torch_sampler_seed").is_none(), "{t:#?}");
     // ExponentialLR(g) is StepLR(1, g); sgd_nesterov is SGD with Nesterov; published weights.
     let (t, _) = convert("torchrun --nproc_per_node 2 train.py --model resnet50 --lr-scheduler exponentiallr --lr-gamma 0.97 --opt sgd_nesterov --weights ResNet50_Weights.IMAGENET1K_V2");
     assert_eq!((get(&t, "sched"), get(&t, "step_size"), get(&t, "gamma")), (&"step".into(), &1.into(), &0.97.into()));

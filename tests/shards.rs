@@ -134,6 +134,14 @@ fn cut_shards_bad_patterns_and_two_ranks() {
         &train(&d.path().join("train-000000.tar"), &format!("--labels {}", labels.display())),
         "carry their own labels",
     );
+    // Shards are read in WebDataset's order: no sampler order over them.
+    for (flags, needle) in [
+        ("--ra-sampler", "--ra-sampler: --data"),
+        ("--torch-sampler-seed 0", "--torch-sampler-seed: --data"),
+    ] {
+        let flags = format!("{flags} --val-split 0.2");
+        expect_user_error(&train(&d.path().join("train-{000000..000003}.tar"), &flags), needle);
+    }
     assert!(!out.exists());
 
     let four = d.path().join("train-{000000..000003}.tar");

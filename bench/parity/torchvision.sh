@@ -9,6 +9,9 @@
 #            -- --model resnet18 --epochs 10 -b 64 -j 2 --auto-augment ta_wide ...
 # DATA_ROOT holds train/ and val/ (or test/, then linked as val/ in a temporary folder).
 # train.py has no seed: its runs differ by its unseeded draws; ringtrain's runs take --seed 1..RUNS.
+# Distributed, train.py's samplers shuffle with torch.randperm seeded 0 + epoch in every run; the
+# converted configuration does the same (torch_sampler_seed = 0), so with NPROC > 1 both sides
+# read the same batches in every run and differ by initialisation and augmentation.
 # Both run on the CPU. NPROC=N (default 1) runs each side as N processes on Gloo: train.py under
 # torchrun (with cpu_distributed/ on PYTHONPATH, which points its GPU-only distributed mode at Gloo
 # and CPU tensors; the script is unchanged), ringtrain with --nproc-per-node N. train.py takes

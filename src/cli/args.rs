@@ -804,6 +804,11 @@ pub struct TrainArgs {
     /// Copies of each image per epoch with --ra-sampler.
     #[arg(long)]
     pub ra_reps: Option<usize>,
+    /// Read the training images in the order PyTorch's DistributedSampler (and torchvision's
+    /// RASampler) seeded with this number gives: torch.randperm from seed + epoch, sharded over
+    /// the ranks as they shard it. The order no longer depends on --seed.
+    #[arg(long, value_name = "SEED")]
+    pub torch_sampler_seed: Option<u64>,
     /// RandomErasing probability per training image, e.g. 0.25 (torchvision's --random-erase).
     #[arg(long, visible_alias = "random-erase")]
     pub random_erasing: Option<f64>,

@@ -312,6 +312,10 @@ pub fn translate(args: &[String]) -> Result<Translation> {
             None => dropped.push("--ra-sampler: train.py run without a launcher is not distributed and ignores it".into()),
         }
     }
+    if launched.is_some() {
+        // Distributed, train.py shuffles with DistributedSampler or RASampler, both seeded 0 + epoch.
+        set("torch_sampler_seed", Value::Integer(0), "train.py's DistributedSampler/RASampler order (seed 0)");
+    }
     if let Some(v) = given("--clip-grad-norm").flatten() {
         set("clip_grad_norm", Value::Float(num("--clip-grad-norm", &v)?), "--clip-grad-norm");
     }

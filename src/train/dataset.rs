@@ -103,6 +103,12 @@ impl TrainData {
         if cfg.ra_sampler {
             check_repeatable(&train_samples, ctx.world(), ctx.rank_batch, data_dir)?;
         }
+        if cfg.torch_sampler_seed.is_some() && train_samples.shard_files().is_some() {
+            return Err(user_error(format!(
+                "--torch-sampler-seed: --data {} streams its shards in WebDataset's order; PyTorch's sampler order needs a folder, a label file or a pack",
+                data_dir.display()
+            )));
+        }
         check_something_decodes(&train_samples, data_dir)?;
         if cfg.batch_size > n_train {
             return Err(user_error(format!(
@@ -168,6 +174,7 @@ impl TrainData {
                 drop_last: per_rank % rank_batch == 1,
                 shard: shard(true),
                 repeats: cfg.ra_sampler.then_some(cfg.ra_reps),
+                torch_sampler_seed: cfg.torch_sampler_seed,
                 ..base.clone()
             },
         )?;
@@ -247,6 +254,7 @@ impl TrainData {
 
     /// The epoch's validation of the model and of its moving average, over all ranks.
     pub fn validate(&self, t: &Trainer) -> Result<Validation> {
+        t.buffers_from_rank0()?;
         let model = self.evaluate(&t.model, t)?;
         let report = ClassificationReport::new(&self.classes, &model.targets, &model.preds);
         let ema = t.ema.as_ref().map(|e| self.evaluate(&e.model, t)).transpose()?;

@@ -18,7 +18,7 @@ use super::buffers::Buffers;
 use super::cache::{Budget, Cache};
 use super::normalize::{HostNormalize, Normalizer};
 use super::on_device::{DeviceSet, DeviceSetOptions};
-use super::order::{repeated_len, repeated_order, stream_order};
+use super::order::{repeated_len, repeated_order, stream_order, torch_permutation};
 use super::sample::{load_sample, Batch};
 use crate::data::augment::transform::Transform;
 use crate::data::source::Samples;
@@ -40,6 +40,7 @@ pub struct Loader {
     whole_jpeg: bool,
     cache: Option<Arc<Cache>>,
     repeats: Option<usize>,
+    torch_sampler_seed: Option<u64>,
     /// `--data-on-device`: the whole set on the device; batches are made there, not by the pool.
     on_device: Option<DeviceSet>,
     pool: Arc<rayon::ThreadPool>,
@@ -86,6 +87,9 @@ pub struct LoaderOptions {
     /// torchvision's `RASampler` order (`order::repeated_order`), the epoch cut as it cuts it
     /// (with N = 1 too); None is off.
     pub repeats: Option<usize>,
+    /// Shuffle with `torch.randperm` seeded seed + epoch (PyTorch's samplers' order) instead of
+    /// the permutation drawn from `seed`.
+    pub torch_sampler_seed: Option<u64>,
 }
 
 /// WebDataset's usual buffer (`.shuffle(1000)`). Here it holds sample numbers, not images: its
@@ -112,6 +116,7 @@ impl LoaderOptions {
             whole_jpeg: false,
             cache: None,
             repeats: None,
+            torch_sampler_seed: None,
         }
     }
 
@@ -153,6 +158,7 @@ impl Loader {
             pin_memory: o.pin_memory,
             whole_jpeg: o.whole_jpeg,
             repeats: o.repeats.map(|r| r.max(1)),
+            torch_sampler_seed: o.torch_sampler_seed,
             pool: Arc::new(pool),
             // The queued batches, the one the consumer holds and the one before it.
             buffers: Arc::new(Buffers::new(o.prefetch.max(1) + 2)),
@@ -209,10 +215,10 @@ impl Loader {
         }
     }
 
-    /// This rank's sample order for an epoch: a seeded permutation (or the folder order),
-    /// then its shard (with repeated augmentation, draw keys: sample + n·copy). Tar shards are
-    /// shuffled and split by shard instead, as WebDataset does (`order::stream_order`), to the
-    /// same number of samples per rank.
+    /// This rank's sample order for an epoch: a permutation drawn from `seed` (torch's with
+    /// `torch_sampler_seed`; or the folder order), then its shard (with repeated augmentation,
+    /// draw keys: sample + n·copy). Tar shards are shuffled and split by shard instead, as
+    /// WebDataset does (`order::stream_order`), to the same number of samples per rank.
     pub fn order(&self, epoch: u64) -> Vec<usize> {
         if self.shuffle && self.samples.shard_of(0).is_some() {
             let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));
@@ -222,7 +228,10 @@ impl Loader {
         }
         let mut order: Vec<usize> = (0..self.samples.len()).collect();
         if self.shuffle {
-            order.shuffle(&mut seeds::shuffle(self.seed, epoch));
+            match self.torch_sampler_seed {
+                Some(seed) => order = torch_permutation(order.len(), seed.wrapping_add(epoch)),
+                None => order.shuffle(&mut seeds::shuffle(self.seed, epoch)),
+            }
         }
         if let Some(reps) = self.repeats {
             let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));

@@ -1,5 +1,6 @@
-//! The order a sharded source (tar shards, parquet row groups) is read in for training:
-//! WebDataset's, each rank its own shards front to back through a shuffle buffer.
+//! The orders of a training epoch: a sharded source's (tar shards, parquet row groups),
+//! WebDataset's, each rank its own shards front to back through a shuffle buffer; repeated
+//! augmentation's, `RASampler`'s; and PyTorch's samplers' permutation, drawn by libtorch.
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -52,6 +53,13 @@ pub fn stream_order(
     }
     out.truncate(len);
     out
+}
+
+/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))`, the permutation PyTorch's
+/// `DistributedSampler` and torchvision's `RASampler` take for seed + epoch, drawn by libtorch.
+pub fn torch_permutation(n: usize, seed: u64) -> Vec<usize> {
+    // libtorch's randperm fails only for a negative n or a failed allocation.
+    crate::shim::torch_randperm(n, seed).expect("torch.randperm on the CPU")
 }
 
 /// Samples per rank per epoch with repeated augmentation: torchvision's `RASampler` keeps

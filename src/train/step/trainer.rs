@@ -84,8 +84,8 @@ pub struct Trainer {
     pub ddp: Ddp,
     /// The autocast dtype (None: fp32).
     pub amp: Option<Kind>,
-    /// The tensors without gradient (BatchNorm statistics), broadcast from rank 0 per step
-    /// when BatchNorm is not synchronised, as DDP's `broadcast_buffers`.
+    /// The tensors without gradient (BatchNorm statistics), broadcast from rank 0 per step and
+    /// before evaluation when BatchNorm is not synchronised, as DDP's `broadcast_buffers`.
     untrained: Vec<Tensor>,
     guard: DivergenceGuard,
     sched: LrSchedule,
@@ -286,12 +286,20 @@ impl Trainer {
         Ok(())
     }
 
-    /// Gradients zeroed; BatchNorm buffers from rank 0 when they are not synchronised.
+    /// Gradients zeroed; BatchNorm buffers from rank 0.
     fn start_group(&self) -> Result<()> {
         match self.ddp.owns_grads() {
             true => self.ddp.zero_grad(),
             false => self.opt.zero_grad()?,
         }
+        self.buffers_from_rank0()
+    }
+
+    /// BatchNorm statistics from rank 0 when they are not synchronised, as DDP's forward takes
+    /// them (`broadcast_buffers`): before each training step, and before evaluation, where
+    /// PyTorch's first evaluation forward does the same, so every rank evaluates with the
+    /// statistics the checkpoint (rank 0's) keeps.
+    pub fn buffers_from_rank0(&self) -> Result<()> {
         if self.pg().world_size > 1 && !self.sync_bn {
             self.ddp.broadcast_buffers(&self.untrained)?;
         }
