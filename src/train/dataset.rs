@@ -103,11 +103,8 @@ impl TrainData {
         if cfg.ra_sampler {
             check_repeatable(&train_samples, ctx.world(), ctx.rank_batch, data_dir)?;
         }
-        if cfg.torch_sampler_seed.is_some() && train_samples.shard_files().is_some() {
-            return Err(user_error(format!(
-                "--torch-sampler-seed: --data {} streams its shards in WebDataset's order; PyTorch's sampler order needs a folder, a label file or a pack",
-                data_dir.display()
-            )));
+        if cfg.torch_sampler_seed.is_some() {
+            check_map_style("--torch-sampler-seed", &train_samples, data_dir)?;
         }
         check_something_decodes(&train_samples, data_dir)?;
         if cfg.batch_size > n_train {
@@ -298,16 +295,10 @@ fn refill(batch: Batch, want: usize) -> Result<Batch> {
     })
 }
 
-/// `--ra-sampler` takes a map-style source (tar shards and parquet row groups stream in
-/// WebDataset's order) and, as torchvision's `RASampler` keeps n // 256 * 256 images an epoch
+/// `--ra-sampler` takes a map-style source (`check_map_style`) and, as torchvision's `RASampler` keeps n // 256 * 256 images an epoch
 /// over the ranks, at least a full batch of them per rank.
 fn check_repeatable(samples: &Samples, world: usize, rank_batch: usize, root: &Path) -> Result<()> {
-    if samples.shard_files().is_some() {
-        return Err(user_error(format!(
-            "--ra-sampler: --data {} streams its shards in WebDataset's order; repeated augmentation needs a folder, a label file or a pack",
-            root.display()
-        )));
-    }
+    check_map_style("--ra-sampler", samples, root)?;
     let per_rank = crate::data::load::order::repeated_len(samples.len(), world);
     if per_rank < rank_batch {
         return Err(user_error(format!(
@@ -316,6 +307,18 @@ fn check_repeatable(samples: &Samples, world: usize, rank_batch: usize, root: &P
         )));
     }
     Ok(())
+}
+
+/// A sampler's order (`flag`: `--ra-sampler`, `--torch-sampler-seed`) over the whole set needs a
+/// map-style source: tar shards and parquet row groups stream in WebDataset's order.
+fn check_map_style(flag: &str, samples: &Samples, root: &Path) -> Result<()> {
+    match samples.shard_files() {
+        Some(_) => Err(user_error(format!(
+            "{flag}: --data {} streams its shards in WebDataset's order; {flag} needs a folder, a label file or a pack",
+            root.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A data set where nothing decodes is an error before training, not a run of unreadable
