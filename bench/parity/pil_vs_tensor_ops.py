@@ -4,7 +4,7 @@ tensor kernels): for each operation and magnitude bin, the mean absolute differe
 (0-255) between the two outputs of the same input, and each side's mean pixel and pixel spread.
 The inputs are what train.py's PIL pipeline gives TrivialAugmentWide: RandomResizedCrop (bilinear,
 antialiased) of the first images of a shuffled ImageFolder tree, at SIZE pixels. Signed operations
-use the positive magnitude; the sign is one draw for both sides.
+are applied with the positive magnitude; operations without a magnitude get one row.
 
 Usage: pil_vs_tensor_ops.py IMAGE_FOLDER SIZE [IMAGES]
     e.g. pil_vs_tensor_ops.py ../shared/data/plant-seedlings/train 40
@@ -26,13 +26,13 @@ def main(folder, size, count=200):
     torch.manual_seed(0)
     files = sorted(glob.glob(f"{folder}/*/*"))
     random.shuffle(files)
-    crop = T.RandomResizedCrop(int(size), interpolation=InterpolationMode.BILINEAR, antialias=True)
-    images = [crop(Image.open(f).convert("RGB")) for f in files[: int(count)]]
     bilinear = InterpolationMode.BILINEAR
+    crop = T.RandomResizedCrop(int(size), interpolation=bilinear, antialias=True)
+    images = [crop(Image.open(f).convert("RGB")) for f in files[: int(count)]]
     print(f"{len(images)} crops of {size} px from {folder}")
     print("operation      bin  magnitude  |pil - tensor|  mean pil/tensor  std pil/tensor")
     for name, (magnitudes, _) in TrivialAugmentWide()._augmentation_space(31).items():
-        for b in (10, 20, 30):
+        for b in (10, 20, 30) if magnitudes.ndim > 0 else (0,):
             m = float(magnitudes[b]) if magnitudes.ndim > 0 else 0.0
             diff = mean_p = mean_t = std_p = std_t = 0.0
             for img in images:

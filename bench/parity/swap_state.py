@@ -15,6 +15,7 @@ train.py's optimizer numbers its parameters in the order of its parameter groups
 (utils.set_weight_decay: with --norm-weight-decay, the other parameters, then the norm layers'),
 so it needs its references/classification folder: set TORCHVISION_REFERENCES to it.
 """
+import argparse
 import json
 import os
 import shutil
@@ -42,7 +43,9 @@ def parameter_order(model_name, num_classes, param_groups):
 
 def load_both(train_py, ringtrain_dir):
     """train.py's checkpoint; ringtrain's state.json, weights and optimizer state."""
-    ckpt = torch.load(train_py, map_location="cpu", weights_only=False)
+    # torch's restricted unpickler, with the one class train.py adds (its args) allowed.
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        ckpt = torch.load(train_py, map_location="cpu", weights_only=True)
     state = json.load(open(f"{ringtrain_dir}/state.json"))
     weights = load_file(f"{ringtrain_dir}/model.safetensors")
     buffers = load_file(f"{ringtrain_dir}/optimizer.safetensors")
@@ -51,32 +54,47 @@ def load_both(train_py, ringtrain_dir):
     return ckpt, state, weights, buffers
 
 
+def momentum_order(ckpt, state, buffers, ringtrain_dir):
+    """ringtrain's momentum-buffer names in train.py's optimizer order."""
+    order = parameter_order(state["model"], len(state["classes"]), ckpt["optimizer"]["param_groups"])
+    keys = [f"{name}.momentum_buffer" for name in order]
+    if set(keys) != set(buffers):
+        sys.exit(f"{ringtrain_dir}'s optimizer state is not SGD's momentum buffers of these parameters")
+    return keys
+
+
+def synced(path):
+    """fsync a file, or every file under a directory, before it is renamed into place."""
+    files = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs] if os.path.isdir(path) else [path]
+    for f in files:
+        with open(f, "rb") as h:
+            os.fsync(h.fileno())
+    return path
+
+
 def to_torchvision(ringtrain_dir, template, out):
     ckpt, state, weights, buffers = load_both(template, ringtrain_dir)
+    keys = momentum_order(ckpt, state, buffers, ringtrain_dir)
     ckpt["model"] = {k: weights[k].to(v.dtype) for k, v in ckpt["model"].items()}
-    order = parameter_order(state["model"], len(state["classes"]), ckpt["optimizer"]["param_groups"])
-    for i, name in enumerate(order):
-        ckpt["optimizer"]["state"][i]["momentum_buffer"] = buffers[f"{name}.momentum_buffer"].clone()
+    for i, key in enumerate(keys):
+        ckpt["optimizer"]["state"][i]["momentum_buffer"] = buffers[key].clone()
     ckpt.pop("args", None)  # train.py loads with weights_only=True, which refuses argparse's Namespace
     torch.save(ckpt, f"{out}.tmp")
-    os.replace(f"{out}.tmp", out)
+    os.replace(synced(f"{out}.tmp"), out)
 
 
 def to_ringtrain(train_py, template_dir, out):
     ckpt, state, weights, buffers = load_both(train_py, template_dir)
+    keys = momentum_order(ckpt, state, buffers, template_dir)
     if os.path.exists(out):
         sys.exit(f"{out} exists")
     tmp = f"{out}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(template_dir, tmp)
     save_file({k: ckpt["model"][k].to(v.dtype).contiguous() for k, v in weights.items()}, f"{tmp}/model.safetensors")
-    order = parameter_order(state["model"], len(state["classes"]), ckpt["optimizer"]["param_groups"])
-    moved = {f"{name}.momentum_buffer": ckpt["optimizer"]["state"][i]["momentum_buffer"].contiguous()
-             for i, name in enumerate(order)}
-    if set(moved) != set(buffers):
-        sys.exit(f"{template_dir}'s optimizer state is not SGD's momentum buffers of these parameters")
+    moved = {key: ckpt["optimizer"]["state"][i]["momentum_buffer"].contiguous() for i, key in enumerate(keys)}
     save_file(moved, f"{tmp}/optimizer.safetensors")
-    os.replace(tmp, out)
+    os.replace(synced(tmp), out)
 
 
 if __name__ == "__main__":
