@@ -49,6 +49,7 @@ fn main() {
         "csrc/cuda_graph.cpp",
         "csrc/fused_norm.cpp",
         "csrc/profile.cpp",
+        "csrc/export.cpp",
         "csrc/shim.h",
         "csrc/pg.h",
         "csrc/error.h",
@@ -92,6 +93,7 @@ fn main() {
         .file("csrc/cuda_graph.cpp")
         .file("csrc/fused_norm.cpp")
         .file("csrc/profile.cpp")
+        .file("csrc/export.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", "1")

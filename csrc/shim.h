@@ -2,6 +2,7 @@
 // Every function catches C++ exceptions; on failure it returns non-zero (or null) and
 // rt_last_error() holds the message for the calling thread.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -246,6 +247,15 @@ rt_tensor* rt_fused_scale_add(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma,
 // dgamma.
 const char* rt_fused_scale_add_record(rt_tensor* z, rt_tensor* stream, rt_tensor* gamma, rt_tensor* keep,
                                       int64_t sm_count, rt_tensor* dout, rt_tensor** grads);
+
+// Traces forward(ctx, input) (which returns a tensor that stays alive until the call returns) into
+// a TorchScript module whose parameters and buffers (is_buffer[i]) are tensors[i] under names[i]
+// (state_dict names: "a.b.weight" nests submodules), and saves it to path with n_extra extra
+// files (extra_names[i] holding extra_lengths[i] bytes of extra_contents[i]).
+typedef rt_tensor* (*rt_forward_fn)(void* ctx, rt_tensor* input);
+int rt_jit_trace_save(const char** names, rt_tensor** tensors, const int* is_buffer, int n, rt_tensor* input,
+                      rt_forward_fn forward, void* ctx, const char* path, const char** extra_names,
+                      const char** extra_contents, const size_t* extra_lengths, int n_extra);
 
 #ifdef __cplusplus
 }

@@ -2,8 +2,8 @@
 //!
 //! The path of a batch: `data` (folders → decode → augment → uint8 batches) → `model` →
 //! `train` (loop, optimizer, schedule, checkpoints) → `report` (metrics, classification report);
-//! `infer` runs a saved checkpoint (eval, predict); `doctor` checks the machine; `cli` ties them
-//! to the command line. `shim` is the safe face of the C++ shim in `csrc/`.
+//! `infer` runs a saved checkpoint (eval, predict), `export` writes it for servers; `doctor`
+//! checks the machine; `cli` ties them to the command line. `shim` is the safe face of the C++ shim in `csrc/`.
 pub mod atomic;
 pub mod bench;
 pub mod cli;
@@ -13,6 +13,7 @@ pub mod device;
 pub mod dist;
 pub mod doctor;
 pub mod error;
+pub mod export;
 mod flag_enum;
 pub mod infer;
 pub mod model;

@@ -145,6 +145,20 @@ mod ffi {
         pub fn rt_cuda_runtime_version() -> i64;
         pub fn rt_cudnn_version() -> i64;
         pub fn rt_set_cudnn_deterministic(on: c_int);
+        pub fn rt_jit_trace_save(
+            names: *const *const c_char,
+            tensors: *const *mut torch_sys::C_tensor,
+            is_buffer: *const c_int,
+            n: c_int,
+            input: *mut torch_sys::C_tensor,
+            forward: extern "C" fn(*mut std::ffi::c_void, *mut torch_sys::C_tensor) -> *mut torch_sys::C_tensor,
+            ctx: *mut std::ffi::c_void,
+            path: *const c_char,
+            extra_names: *const *const c_char,
+            extra_contents: *const *const c_char,
+            extra_lengths: *const usize,
+            n_extra: c_int,
+        ) -> c_int;
     }
 }
 
@@ -763,6 +777,72 @@ impl Drop for CudaGraph {
 /// is present); decided by build.rs. (Whether it has NCCL: `process_group::nccl_available`.)
 pub fn built_with_cuda() -> bool {
     env!("RINGTRAIN_BUILT_CUDA") == "1"
+}
+
+/// A weight of a traced module: its state_dict name, the tensor the forward pass reads, and
+/// whether it is a buffer (else a parameter).
+pub struct TracedWeight<'a> {
+    pub name: &'a str,
+    pub tensor: &'a Tensor,
+    pub buffer: bool,
+}
+
+struct TraceCall<'a> {
+    forward: &'a mut dyn FnMut(&Tensor) -> Tensor,
+    out: Option<Tensor>,
+}
+
+extern "C" fn traced_forward(ctx: *mut std::ffi::c_void, input: *mut torch_sys::C_tensor) -> *mut torch_sys::C_tensor {
+    // SAFETY: ctx is the TraceCall that jit_trace_save passed, alive for the call; input is a
+    // tensor the shim owns (cloned here as a new handle of the same tensor).
+    let call = unsafe { &mut *(ctx as *mut TraceCall) };
+    let x = unsafe { Tensor::clone_from_ptr(input) };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (call.forward)(&x))) {
+        Ok(y) => ptr(call.out.insert(y)),
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+/// Traces `forward` on `input` into a TorchScript module holding `weights` as its parameters and
+/// buffers (the tensors `forward` reads, under their state_dict names), and saves it to `path`
+/// with `extra` (name, bytes) as its extra files (`torch.jit.load(path, _extra_files=...)`).
+pub fn jit_trace_save(
+    weights: &[TracedWeight],
+    input: &Tensor,
+    forward: &mut dyn FnMut(&Tensor) -> Tensor,
+    path: &std::path::Path,
+    extra: &[(String, Vec<u8>)],
+) -> Result<()> {
+    use std::ffi::CString;
+    let names = weights.iter().map(|w| CString::new(w.name)).collect::<Result<Vec<_>, _>>()?;
+    let name_ptrs: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
+    let tensors: Vec<*mut torch_sys::C_tensor> = weights.iter().map(|w| ptr(w.tensor)).collect();
+    let is_buffer: Vec<c_int> = weights.iter().map(|w| w.buffer as c_int).collect();
+    let extra_names = extra.iter().map(|(n, _)| CString::new(n.as_str())).collect::<Result<Vec<_>, _>>()?;
+    let extra_name_ptrs: Vec<*const c_char> = extra_names.iter().map(|n| n.as_ptr()).collect();
+    let contents: Vec<*const c_char> = extra.iter().map(|(_, c)| c.as_ptr() as *const c_char).collect();
+    let lengths: Vec<usize> = extra.iter().map(|(_, c)| c.len()).collect();
+    let path = CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut call = TraceCall { forward, out: None };
+    // SAFETY: every pointer lives until the call returns; the shim reads the contents for their
+    // lengths and calls traced_forward with &mut call only during the call.
+    let rc = unsafe {
+        ffi::rt_jit_trace_save(
+            name_ptrs.as_ptr(),
+            tensors.as_ptr(),
+            is_buffer.as_ptr(),
+            weights.len() as c_int,
+            ptr(input),
+            traced_forward,
+            &mut call as *mut TraceCall as *mut std::ffi::c_void,
+            path.as_ptr(),
+            extra_name_ptrs.as_ptr(),
+            contents.as_ptr(),
+            lengths.as_ptr(),
+            extra.len() as c_int,
+        )
+    };
+    check(rc).map(|_| ())
 }
 
 pub fn torch_version() -> String {

@@ -6,9 +6,9 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-const COMMANDS: [&str; 15] = [
+const COMMANDS: [&str; 16] = [
     "train", "demo", "eval", "predict", "bench", "bench-data", "split", "stats", "pack", "convert", "doctor", "compare",
-    "lr-find", "trace-table", "show-batch",
+    "lr-find", "trace-table", "show-batch", "export",
 ];
 
 fn doc_files() -> Vec<std::path::PathBuf> {

@@ -16,6 +16,7 @@ use crate::device::DeviceSpec;
 use crate::dist::ddp::{WirePrecision, DEFAULT_BUCKET_MB};
 use crate::dist::plan::DistOptions;
 use crate::dist::process_group::Backend;
+use crate::export::ExportFormat;
 use crate::model::weights::WeightsSource;
 use crate::model::ModelKind;
 use crate::train::step::amp::AmpMode;
@@ -69,6 +70,15 @@ pub enum Command {
     Eval(EvalArgs),
     /// Predict the classes of images: files, flat folders, or ImageFolder trees (then with accuracy).
     Predict(PredictArgs),
+    /// Write a checkpoint as a file servers run without ringtrain (TorchScript), with a
+    /// dynamic batch dimension, the class names and preprocessing in its metadata, and a
+    /// labels.txt beside it.
+    ///
+    /// The file takes the evaluation's input size (the checkpoint's centre crop): normalised
+    /// float [N, 3, H, W], or with --with-preprocess uint8 [N, H, W, 3] pixels, resized and
+    /// cropped as `ringtrain eval` does. It is run at two batch sizes against the checkpoint
+    /// before it is kept.
+    Export(ExportArgs),
     /// Compare training runs: each run's best validation top-1 (its epoch, macro-F1), epochs,
     /// time and images/s, then the configuration keys that differ between them.
     ///
@@ -420,6 +430,28 @@ pub struct PredictArgs {
     pub logits: bool,
     #[command(flatten)]
     pub infer: InferArgs,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// A checkpoint directory (e.g. runs/x/best).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The file format: torchscript.
+    #[arg(long)]
+    pub format: ExportFormat,
+    /// The file to write; labels.txt goes beside it.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// fp16 weights and arithmetic (input and output float16).
+    #[arg(long)]
+    pub half: bool,
+    /// Take uint8 RGB images [N, H, W, 3] and normalise them inside the graph.
+    #[arg(long)]
+    pub with_preprocess: bool,
+    /// Give probabilities (softmax) instead of logits.
+    #[arg(long)]
+    pub softmax: bool,
 }
 
 /// How many processes, and how they meet (`dist::plan::DistOptions`).

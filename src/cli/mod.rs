@@ -27,7 +27,7 @@ use crate::shim;
 use crate::{bail_user, say};
 use args::{
     RecipeCommand,
-    BenchArgs, BenchDataArgs, Cli, Command, CompareArgs, ConvertArgs, DemoArgs, EvalArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
+    BenchArgs, BenchDataArgs, Cli, Command, CompareArgs, ConvertArgs, DemoArgs, EvalArgs, ExportArgs, PackArgs, PredictArgs, SplitArgs, StatsArgs,
     FusedCheckArgs, TraceTableArgs, TrainArgs,
 };
 
@@ -45,6 +45,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Demo(args)) => demo(&args),
         Some(Command::Eval(args)) => eval(&args),
         Some(Command::Predict(args)) => predict(&args),
+        Some(Command::Export(args)) => export(&args),
         Some(Command::Compare(args)) => compare(&args),
         Some(Command::Bench(args)) => bench(&args),
         Some(Command::BenchData(args)) => bench_data(&args),
@@ -188,6 +189,22 @@ fn eval(args: &EvalArgs) -> Result<()> {
             e.page.display()
         );
     }
+    Ok(())
+}
+
+fn export(args: &ExportArgs) -> Result<()> {
+    let s = crate::export::export(&crate::export::ExportOptions {
+        checkpoint: args.checkpoint.clone(),
+        format: args.format,
+        out: args.out.clone(),
+        half: args.half,
+        with_preprocess: args.with_preprocess,
+        softmax: args.softmax,
+    })?;
+    let field = |k: &str| s.metadata.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str()).unwrap_or("");
+    say!("wrote {} ({}), and {}", s.out.display(), args.format, s.labels.display());
+    say!("  input:  {}", field("input"));
+    say!("  output: {}", field("output"));
     Ok(())
 }
 

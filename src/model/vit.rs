@@ -89,16 +89,17 @@ impl Attention {
 
 impl Module for Attention {
     fn forward(&self, x: &Tensor) -> Tensor {
-        let (n, l, e) = x.size3().unwrap();
+        let e = x.size()[2];
         let hd = e / self.heads;
-        // [N, L, 3E] → 3 × [N, heads, L, head_dim], then softmax(qkᵀ/√d)v in one kernel.
+        // [N, L, 3E] → 3 × [N, heads, L, head_dim], then softmax(qkᵀ/√d)v in one kernel. No
+        // shape names N or L, so a traced graph (`ringtrain export`) takes any batch.
         let qkv = x
             .linear(&self.in_w, self.in_b.as_ref())
-            .view([n, l, 3, self.heads, hd])
+            .unflatten(-1, [3, self.heads, hd])
             .permute([2, 0, 3, 1, 4]);
         let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
         let a = Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, false, None, false);
-        a.transpose(1, 2).reshape([n, l, e]).apply(&self.out)
+        a.transpose(1, 2).flatten(2, 3).apply(&self.out)
     }
 }
 
@@ -183,13 +184,13 @@ pub fn vit(
         true => layers::layer_norm(p / "fc_norm", s.hidden, 1e-6),
     };
     let head = linear(p / "heads" / "head", s.hidden, num_classes, ZERO, ZERO);
-    let (hidden, avg_pool, fc_norm) = (s.hidden, s.avg_pool, s.fc_norm);
+    let (avg_pool, fc_norm) = (s.avg_pool, s.fc_norm);
     let net = nn::func_t(move |x, train| {
-        let n = x.size()[0];
-        let tokens = x.apply(&conv_proj).reshape([n, hidden, -1]).permute([0, 2, 1]);
+        // Shapes from the tensors, not from numbers, so a traced graph takes any batch.
+        let tokens = x.apply(&conv_proj).flatten(2, 3).permute([0, 2, 1]);
         let prefix = class_token.is_some() as i64;
         let mut y = match &class_token {
-            Some(t) => Tensor::cat(&[t.expand([n, -1, -1], false), tokens], 1),
+            Some(t) => Tensor::cat(&[t.expand_as(&tokens.narrow(1, 0, 1)), tokens], 1),
             None => tokens,
         };
         y = (y + &pos).dropout(dropout, train);

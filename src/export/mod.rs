@@ -1,0 +1,206 @@
+//! `ringtrain export`: a checkpoint as one file that a server runs without ringtrain, with the
+//! class names and the evaluation's preprocessing written into it, and a `labels.txt` beside it.
+//!
+//! The exported graph is the model's evaluation forward pass with a dynamic batch dimension, at
+//! the checkpoint's evaluation size. `--with-preprocess` puts the normalisation inside it (uint8
+//! NHWC images in, as decoded, resized and centre-cropped), `--softmax` the probabilities at its
+//! end, `--half` runs it in fp16.
+pub mod torchscript;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use sha2::{Digest, Sha256};
+use tch::{Device, Kind, Tensor};
+
+use crate::bail_user;
+use crate::model::Model;
+use crate::train::lifecycle::checkpoint::{self, CheckpointState};
+
+crate::flag_enum! {
+    /// The file formats `--format` names.
+    pub enum ExportFormat("invalid --format") {
+        /// libtorch's traced module (`torch.jit.load`, LibTorch's `torch::jit::load`).
+        TorchScript = "torchscript",
+    }
+}
+
+pub struct ExportOptions {
+    /// A checkpoint directory (e.g. runs/x/best).
+    pub checkpoint: PathBuf,
+    pub format: ExportFormat,
+    pub out: PathBuf,
+    pub half: bool,
+    pub with_preprocess: bool,
+    pub softmax: bool,
+}
+
+/// What the exported graph takes and gives, beside the model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GraphOptions {
+    /// fp16 weights and arithmetic (and a float16 input without `with_preprocess`).
+    pub half: bool,
+    /// uint8 [N, H, W, 3] in, normalised inside; else the normalised float [N, 3, H, W].
+    pub with_preprocess: bool,
+    /// Probabilities out instead of logits.
+    pub softmax: bool,
+}
+
+/// The evaluation forward pass `export` writes: `model` in eval mode after the graph options'
+/// preprocessing, and before their softmax.
+pub struct ExportGraph<'a> {
+    pub model: &'a Model,
+    pub options: GraphOptions,
+    /// The checkpoint's normalisation as x·scale + shift on 0-255 pixels ([1, 3, 1, 1] each),
+    /// the arithmetic of ringtrain's own loader.
+    scale: Tensor,
+    shift: Tensor,
+    /// The input's height and width (the evaluation's centre crop).
+    pub size: i64,
+}
+
+impl<'a> ExportGraph<'a> {
+    /// The graph of `model`, whose weights stop requiring gradients: a tracer records the
+    /// tensors it was not given as constants, and refuses any that needs a gradient.
+    pub fn new(model: &'a Model, options: GraphOptions, mean: [f64; 3], std: [f64; 3], size: u32) -> Self {
+        for (_, t) in model.vs.variables() {
+            let _ = t.set_requires_grad(false);
+        }
+        let constant = |v: [f64; 3]| Tensor::from_slice(&v.map(|x| x as f32)).view([1, 3, 1, 1]);
+        ExportGraph {
+            model,
+            options,
+            scale: constant(std.map(|s| 1.0 / (255.0 * s))),
+            shift: constant([0, 1, 2].map(|c| -mean[c] / std[c])),
+            size: size as i64,
+        }
+    }
+
+    /// The normalisation's tensors, by the names an exported file gives them (buffers, so that
+    /// they move with the model), when the graph normalises.
+    pub fn preprocess_buffers(&self) -> Vec<(&'static str, &Tensor)> {
+        match self.options.with_preprocess {
+            true => vec![("preprocess.scale", &self.scale), ("preprocess.shift", &self.shift)],
+            false => vec![],
+        }
+    }
+
+    /// The kind of the model's input (after the preprocessing, if any).
+    fn kind(&self) -> Kind {
+        match self.options.half {
+            true => Kind::Half,
+            false => Kind::Float,
+        }
+    }
+
+    /// An input of `batch` images for tracing: what the graph takes.
+    pub fn example_input(&self, batch: i64) -> Tensor {
+        let s = self.size;
+        match self.options.with_preprocess {
+            true => Tensor::randint(256, [batch, s, s, 3], (Kind::Uint8, Device::Cpu)),
+            false => Tensor::randn([batch, 3, s, s], (self.kind(), Device::Cpu)),
+        }
+    }
+
+    /// The forward pass the file holds.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let x = match self.options.with_preprocess {
+            true => {
+                let x = x.permute([0, 3, 1, 2]).to_kind(Kind::Float) * &self.scale + &self.shift;
+                x.to_kind(self.kind())
+            }
+            false => x.shallow_clone(),
+        };
+        let y = self.model.forward(&x, false);
+        match self.options.softmax {
+            true => y.softmax(-1, y.kind()),
+            false => y,
+        }
+    }
+
+    /// What the input is, in words and shape, for the file's metadata.
+    pub fn input_description(&self) -> String {
+        let s = self.size;
+        match (self.options.with_preprocess, self.options.half) {
+            (true, _) => format!("uint8 [N, {s}, {s}, 3]: RGB pixels 0-255, resized and centre-cropped"),
+            (false, half) => format!(
+                "{} [N, 3, {s}, {s}]: RGB pixels / 255, minus mean, divided by std",
+                if half { "float16" } else { "float32" }
+            ),
+        }
+    }
+
+    pub fn output_description(&self, classes: usize) -> String {
+        let kind = if self.options.half { "float16" } else { "float32" };
+        let what = if self.options.softmax { "probabilities" } else { "logits" };
+        format!("{kind} [N, {classes}]: {what}, in the order of the classes")
+    }
+}
+
+/// The metadata written into every exported file, as (key, value) text: ONNX's metadata_props,
+/// TorchScript's extra files. Lists are JSON.
+pub fn metadata(state: &CheckpointState, graph: &ExportGraph, checkpoint_sha256: &str) -> Vec<(String, String)> {
+    vec![
+        ("model".into(), state.model.name().into()),
+        ("classes".into(), json(&state.classes)),
+        ("input".into(), graph.input_description()),
+        ("output".into(), graph.output_description(state.classes.len())),
+        ("input_size".into(), graph.size.to_string()),
+        ("resize_size".into(), state.eval_resize.to_string()),
+        ("interpolation".into(), state.interpolation.to_string()),
+        ("mean".into(), json(&state.mean)),
+        ("std".into(), json(&state.std)),
+        ("checkpoint_sha256".into(), checkpoint_sha256.into()),
+        ("ringtrain_version".into(), env!("CARGO_PKG_VERSION").into()),
+    ]
+}
+
+fn json<T: serde::Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).expect("strings and numbers serialise")
+}
+
+/// The hex SHA-256 of a checkpoint's weights file, to tie an exported file to its checkpoint.
+pub fn file_sha256(path: &Path) -> Result<String> {
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    Ok(format!("{:x}", hasher.finalize()))
+}
+
+/// What `export` wrote.
+pub struct ExportSummary {
+    pub out: PathBuf,
+    pub labels: PathBuf,
+    pub metadata: Vec<(String, String)>,
+}
+
+pub fn export(o: &ExportOptions) -> Result<ExportSummary> {
+    let (mut model, state) = checkpoint::load(&o.checkpoint, Device::Cpu)?;
+    if o.out.is_dir() {
+        bail_user!("--out {} is a directory: name the file to write", o.out.display());
+    }
+    if o.half {
+        model.vs.half();
+    }
+    let options = GraphOptions {
+        half: o.half,
+        with_preprocess: o.with_preprocess,
+        softmax: o.softmax,
+    };
+    let size = state.val_crop_size.unwrap_or(state.img_size);
+    let graph = ExportGraph::new(&model, options, state.mean3(), state.std3(), size);
+    let sha = file_sha256(&o.checkpoint.join(checkpoint::MODEL_FILE))?;
+    let metadata = metadata(&state, &graph, &sha);
+    if let Some(parent) = o.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    match o.format {
+        ExportFormat::TorchScript => torchscript::write(&graph, &metadata, &o.out)?,
+    }
+    let labels = o.out.with_file_name("labels.txt");
+    crate::atomic::write_file(&labels, (state.classes.join("\n") + "\n").as_bytes())?;
+    Ok(ExportSummary {
+        out: o.out.clone(),
+        labels,
+        metadata,
+    })
+}

@@ -1,0 +1,75 @@
+//! TorchScript: the evaluation forward pass traced by libtorch's tracer while ringtrain's own
+//! forward runs, as `torch.jit.trace` records an nn.Module: the weights (and the normalisation's
+//! constants) are the module's parameters and buffers under their state_dict names, none is a
+//! constant of the graph, so `.to()`, `.half()` and `state_dict()` work on the loaded file; the
+//! metadata are its extra files. The file is read back
+//! and run at two batch sizes before it is kept: a shape fixed by the trace would show there.
+use std::collections::HashSet;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use tch::{CModule, Kind, Tensor};
+
+use super::ExportGraph;
+use crate::atomic;
+use crate::shim::{self, TracedWeight};
+
+pub fn write(graph: &ExportGraph, metadata: &[(String, String)], out: &Path) -> Result<()> {
+    let vs = &graph.model.vs;
+    let trainable: HashSet<usize> = vs.trainable_variables().iter().map(|t| t.data_ptr() as usize).collect();
+    let mut variables: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    // BatchNorm's step count too, unused by the graph: the file's state_dict is then the
+    // checkpoint's, which torchvision's model loads strictly.
+    let counts: Vec<(String, Tensor)> = variables
+        .iter()
+        .filter_map(|(n, _)| n.strip_suffix(".running_mean"))
+        .map(|p| (format!("{p}.num_batches_tracked"), Tensor::from(graph.model.bn_batches)))
+        .collect();
+    variables.extend(counts);
+    variables.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut weights: Vec<TracedWeight> = variables
+        .iter()
+        .map(|(name, t)| TracedWeight {
+            name,
+            tensor: t,
+            buffer: !trainable.contains(&(t.data_ptr() as usize)),
+        })
+        .collect();
+    let preprocess = graph.preprocess_buffers().into_iter();
+    weights.extend(preprocess.map(|(name, tensor)| TracedWeight { name, tensor, buffer: true }));
+    let extra: Vec<(String, Vec<u8>)> = metadata.iter().map(|(k, v)| (k.clone(), v.as_bytes().to_vec())).collect();
+    atomic::write_file_by_path(out, |tmp| {
+        tch::no_grad(|| {
+            shim::jit_trace_save(&weights, &graph.example_input(2), &mut |x| graph.forward(x), tmp, &extra)
+        })
+        .context("tracing the model")?;
+        check(graph, tmp)
+    })
+}
+
+/// The saved file gives the eager model's outputs at batch 1 and 3 (the trace was made at 2).
+fn check(graph: &ExportGraph, file: &Path) -> Result<()> {
+    let module = CModule::load(file).context("reading the traced module back")?;
+    for batch in [1, 3] {
+        let x = graph.example_input(batch);
+        let (want, got) = tch::no_grad(|| -> Result<(Tensor, Tensor)> {
+            Ok((graph.forward(&x), module.forward_ts(&[&x])?))
+        })?;
+        let largest = want.abs().max().to_kind(Kind::Double).double_value(&[]).max(f64::MIN_POSITIVE);
+        let off = match got.size() == want.size() {
+            true => (got.to_kind(Kind::Double) - want.to_kind(Kind::Double)).abs().max().double_value(&[]) / largest,
+            false => f64::INFINITY,
+        };
+        // The same operations on the same kernels: anything beyond rounding is a fixed shape.
+        let bound = if graph.options.half { 1e-2 } else { 1e-4 };
+        if off.is_nan() || off > bound {
+            bail!(
+                "the traced graph does not reproduce the model at batch {batch} (output {:?} against {:?}, \
+                 {off:.2e} of the largest): a bug, please report it",
+                got.size(),
+                want.size()
+            );
+        }
+    }
+    Ok(())
+}

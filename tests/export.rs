@@ -1,0 +1,242 @@
+//! `ringtrain export` checked by PyTorch: `torch.jit.load` of the TorchScript file gives
+//! ringtrain's eval outputs at batch 1 and 7 for one network of every family, its state_dict is
+//! the model's, its extra files hold the metadata; with `--with-preprocess` uint8 images
+//! give `ringtrain predict`'s logits on those images' files; `--softmax` and `--half` are
+//! checked against them; bad input is one line and exit 2.
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ringtrain::export::{torchscript, ExportGraph, GraphOptions};
+use ringtrain::model::{Model, ModelKind, ModelOptions};
+use serde_json::Value;
+use tch::{Device, Kind, Tensor};
+
+/// One network of each family (its code path: blocks, heads, TensorFlow's "same" padding at an
+/// odd size, ViT with a class token and with averaged tokens), at a small input size.
+const CASES: &[(&str, u32)] = &[
+    ("lenet5", 32),
+    ("alexnet", 64),
+    ("resnet10-tiny", 32),
+    ("resnet18", 32),
+    ("resnet50d", 32),
+    ("convnext_tiny", 32),
+    ("efficientnet_b0", 32),
+    ("tf_efficientnet_b0", 33),
+    ("efficientnet_v2_s", 32),
+    ("mobilenet_v3_small", 32),
+    ("vit_tiny_patch16_224", 32),
+    ("vit_medium_patch16_gap_256", 32),
+    ("regnet_y_400mf", 32),
+    ("regnetx_002", 32),
+];
+
+/// The same graph run by the same kernels in libtorch and in PyTorch: beyond rounding, relative
+/// to the largest output (the issue's bound).
+const SAME: f64 = 1e-4;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `kind` at `size` with every weight random: BatchNorm's running statistics (at their initial 0
+/// and 1 an evaluation would not read them) and what starts at zero or near it (a ViT's head,
+/// layer scales of 1e-6, which would hide what they scale).
+fn random_model(kind: ModelKind, size: u32, classes: i64) -> Model {
+    tch::manual_seed(0);
+    let opts = ModelOptions { img_size: size, ..ModelOptions::defaults(kind) };
+    let model = Model::build(kind, classes, Device::Cpu, opts);
+    tch::no_grad(|| {
+        for (name, mut t) in model.vs.variables() {
+            if name.ends_with("running_var") {
+                let _ = t.copy_(&(t.rand_like() + 0.5));
+            } else if name.ends_with("running_mean") {
+                let _ = t.copy_(&(t.randn_like() * 0.2));
+            } else if t.abs().max().double_value(&[]) < 1e-3 {
+                let _ = t.copy_(&(t.randn_like() * 0.1));
+            }
+        }
+    });
+    model
+}
+
+#[test]
+fn every_family_exports_to_torchscript_that_pytorch_runs_as_ringtrain() {
+    let d = tempfile::tempdir().unwrap();
+    let options = GraphOptions { half: false, with_preprocess: false, softmax: false };
+    let mut names = Vec::new();
+    for &(name, size) in CASES {
+        let kind: ModelKind = name.parse().unwrap();
+        let model = random_model(kind, size, 5);
+        let graph = ExportGraph::new(&model, options, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], size);
+        let metadata = vec![("model".to_string(), name.to_string()), ("classes".into(), r#"["a","b"]"#.into())];
+        torchscript::write(&graph, &metadata, &d.path().join(format!("{name}.pt"))).unwrap();
+        tch::manual_seed(1);
+        let (x1, x7) = (graph.example_input(1), graph.example_input(7));
+        let (y1, y7) = tch::no_grad(|| (graph.forward(&x1), graph.forward(&x7)));
+        Tensor::write_safetensors(
+            &[("x1", &x1), ("x7", &x7), ("y1", &y1), ("y7", &y7)],
+            d.path().join(format!("{name}-io.safetensors")),
+        )
+        .unwrap();
+        // torchvision's names (ringtrain's own), also for the networks whose files carry timm's.
+        let weights: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
+        Tensor::write_safetensors(&weights, d.path().join(format!("{name}-weights.safetensors"))).unwrap();
+        names.push(name);
+    }
+    let mut args = vec!["check", s(d.path())];
+    args.extend(names.iter().copied());
+    let got: HashMap<String, Value> =
+        serde_json::from_str(&common::run_python_script("export_reference.py", &args)).unwrap();
+    for name in names {
+        let r = &got[name];
+        let f = |k: &str| r[k].as_f64().unwrap();
+        eprintln!("{name}: batch 1 {:.1e}, batch 7 {:.1e}, float64 {:.1e}", f("batch1"), f("batch7"), f("float64"));
+        for batch in ["batch1", "batch7"] {
+            let off = r[batch].as_f64().unwrap();
+            assert!(off <= SAME, "{name}: {batch} off by {off:.2e} of the largest logit");
+        }
+        assert_eq!(r["shape7"], serde_json::json!([7, 5]), "{name}");
+        assert_eq!(r["tensor_constants"], false, "{name}: the graph holds a tensor as a constant");
+        // In float64 the same network, to fp32's rounding.
+        let off = r["float64"].as_f64().unwrap();
+        assert!(off <= SAME, "{name}: the module in float64 is off by {off:.2e} of the largest logit");
+        // The weights are the model's, exactly, under its state_dict's names.
+        assert_eq!(r["weights"].as_f64().unwrap(), 0.0, "{name}");
+        assert_eq!(r["only_in_file"], serde_json::json!([]), "{name}");
+        assert_eq!(r["only_in_checkpoint"], serde_json::json!([]), "{name}");
+        assert_eq!(r["extra"]["model"], name, "{name}");
+        assert_eq!(r["extra"]["classes"], r#"["a","b"]"#, "{name}");
+    }
+}
+
+/// A trained checkpoint of 3 classes whose evaluation reads 36 px images as they are: resized to
+/// 36 (the images' own size) and centre-cropped to 32.
+fn checkpoint(root: &Path) -> std::path::PathBuf {
+    let data = root.join("data");
+    common::make_folder(&data, &["circle", "square", "triangle"], 6);
+    let run = root.join("run");
+    let o = common::ringtrain(&common::train_args(
+        &data,
+        &run,
+        "--model resnet10-tiny --img-size 32 --val-resize-size 36 --epochs 1 --batch-size 6 --device cpu --workers 1",
+    ));
+    assert!(o.status.success(), "{}", common::text(&o));
+    run.join("last")
+}
+
+/// predict.csv's logit_<class> columns, by image path.
+fn predicted_logits(csv: &Path) -> HashMap<String, Vec<f64>> {
+    let mut r = csv::Reader::from_path(csv).unwrap();
+    let header = r.headers().unwrap().clone();
+    let logit_cols: Vec<usize> = (0..header.len()).filter(|&i| header[i].starts_with("logit_")).collect();
+    r.records()
+        .map(|rec| {
+            let rec = rec.unwrap();
+            (rec[0].to_string(), logit_cols.iter().map(|&i| rec[i].parse().unwrap()).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn with_preprocess_takes_pixels_and_gives_predicts_logits_and_the_metadata_describes_it() {
+    let d = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(d.path());
+    let images: Vec<String> = ["circle/0.png", "square/1.png", "triangle/2.png", "square/5.png"]
+        .iter()
+        .map(|p| d.path().join("data").join(p).to_string_lossy().into_owned())
+        .collect();
+    let csv = d.path().join("predictions.csv");
+    let mut args = vec!["predict".to_string(), "--checkpoint".into(), s(&ckpt).into(), "--logits".into()];
+    args.extend(["--out".into(), s(&csv).into(), "--device".into(), "cpu".into()]);
+    args.extend(images.iter().cloned());
+    let o = common::ringtrain(&args);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let want = predicted_logits(&csv);
+    let want: Vec<Vec<f64>> = images.iter().map(|p| want[p].clone()).collect();
+    let want = Tensor::from_slice2(&want);
+
+    let export = |file: &str, flags: &str| {
+        let out = d.path().join("export").join(file);
+        let mut args = vec!["export", "--checkpoint", s(&ckpt), "--format", "torchscript", "--out", s(&out)];
+        args.extend(flags.split_whitespace());
+        let o = common::ringtrain(&args);
+        assert!(o.status.success(), "{}", common::text(&o));
+        out
+    };
+    let run = |file: &Path| -> (String, Tensor) {
+        let mut args = vec!["pixels", s(file), "32"];
+        args.extend(images.iter().map(String::as_str));
+        let v: Value = serde_json::from_str(&common::run_python_script("export_reference.py", &args)).unwrap();
+        // The normalisation's constants are buffers too: the module moves whole.
+        assert_eq!(v["tensor_constants"], false, "{}: the graph holds a tensor as a constant", file.display());
+        let rows: Vec<Vec<f64>> = serde_json::from_value(v["rows"].clone()).unwrap();
+        (v["dtype"].as_str().unwrap().to_string(), Tensor::from_slice2(&rows))
+    };
+
+    let (dtype, logits) = run(&export("model.pt", "--with-preprocess"));
+    assert_eq!(dtype, "torch.float32");
+    let off = common::rel_max_diff(&logits, &want);
+    assert!(off <= SAME, "uint8 images through the file: off by {off:.2e} of the largest logit");
+
+    let (_, probs) = run(&export("probs.pt", "--with-preprocess --softmax"));
+    let off = common::max_abs_diff(&probs, &want.softmax(-1, Kind::Double));
+    assert!(off <= 1e-6, "--softmax: off by {off:.2e} from predict's logits' softmax");
+
+    // fp16 on the CPU: each output within 1 % of the largest of fp32's, the same top-1.
+    let (dtype, half) = run(&export("half.pt", "--with-preprocess --half"));
+    assert_eq!(dtype, "torch.float16");
+    let off = common::rel_max_diff(&half, &want);
+    eprintln!("--half: {off:.1e} of the largest logit");
+    assert!(off <= 1e-2, "--half: off by {off:.2e} of the largest logit");
+    assert!(half.argmax(-1, false).equal(&want.argmax(-1, false)), "--half changed a top-1");
+
+    // The metadata, and labels.txt beside the file.
+    let labels = std::fs::read_to_string(d.path().join("export/labels.txt")).unwrap();
+    assert_eq!(labels, "circle\nsquare\ntriangle\n");
+    let got: HashMap<String, Value> = serde_json::from_str(&common::run_python_script(
+        "export_reference.py",
+        &["check-metadata", s(&d.path().join("export/model.pt"))],
+    ))
+    .unwrap();
+    let sha = ringtrain::export::file_sha256(&ckpt.join("model.safetensors")).unwrap();
+    assert_eq!(got["classes"], r#"["circle","square","triangle"]"#);
+    assert_eq!(got["model"], "resnet10-tiny");
+    assert_eq!(got["input_size"], "32");
+    assert_eq!(got["resize_size"], "36");
+    assert_eq!(got["checkpoint_sha256"], sha.as_str());
+    assert!(got["input"].as_str().unwrap().starts_with("uint8 [N, 32, 32, 3]"), "{}", got["input"]);
+    assert!(got["output"].as_str().unwrap().starts_with("float32 [N, 3]: logits"), "{}", got["output"]);
+    let mean: Vec<f64> = serde_json::from_str(got["mean"].as_str().unwrap()).unwrap();
+    assert_eq!(mean, vec![0.485, 0.456, 0.406]);
+
+    // --out naming a directory: refused, the directory left as it was.
+    let dir = d.path().join("export");
+    let before = std::fs::read_dir(&dir).unwrap().count();
+    common::expect_user_error(
+        &["export", "--checkpoint", s(&ckpt), "--format", "torchscript", "--out", s(&dir)],
+        "is a directory",
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), before);
+}
+
+#[test]
+fn bad_export_input_is_one_line_and_exit_2_and_writes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("m.pt");
+    let o = s(&out);
+    common::expect_user_error(
+        &["export", "--checkpoint", s(d.path()), "--format", "savedmodel", "--out", o],
+        "--format",
+    );
+    common::expect_user_error(
+        &["export", "--checkpoint", s(d.path()), "--format", "torchscript", "--out", o],
+        "state.json",
+    );
+    common::expect_user_error(
+        &["export", "--checkpoint", s(&d.path().join("nope")), "--format", "torchscript", "--out", o],
+        "not a checkpoint directory",
+    );
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "something was written");
+}

@@ -1,0 +1,94 @@
+"""PyTorch reading the files `ringtrain export` wrote, for the Rust tests (tests/export.rs).
+
+    export_reference.py check DIR NAME...   for each NAME, torch.jit.load(DIR/NAME.pt) (with its
+                                            extra files) in eval mode on DIR/NAME-io.safetensors'
+                                            inputs (x1: batch 1, x7: batch 7); JSON per NAME: its
+                                            largest difference from ringtrain's outputs (y1, y7)
+                                            relative to their largest magnitude, the largest
+                                            difference of its state_dict from
+                                            DIR/NAME-weights.safetensors and the names either
+                                            lacks, and its extra files
+    export_reference.py check-metadata FILE JSON: FILE's extra files
+    export_reference.py pixels FILE CROP IMAGE...
+                                            the images decoded by PIL, centre-cropped to CROP
+                                            (torchvision's CenterCrop), as uint8 [N, H, W, 3]
+                                            through FILE; JSON: its outputs, one row per image,
+                                            and whether its graph holds a tensor constant
+"""
+import json
+import sys
+
+import numpy as np
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+KEYS = ["model", "classes", "input", "output", "input_size", "resize_size", "interpolation",
+        "mean", "std", "checkpoint_sha256", "ringtrain_version"]
+
+
+def rel(got, want):
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+
+
+def check(folder, names):
+    out = {}
+    for name in names:
+        extra = {k: "" for k in KEYS}
+        m = torch.jit.load(f"{folder}/{name}.pt", _extra_files=extra).eval()
+        io = load_file(f"{folder}/{name}-io.safetensors")
+        with torch.no_grad():
+            y1, y7 = m(io["x1"]), m(io["x7"])
+        sd = m.state_dict()
+        want = load_file(f"{folder}/{name}-weights.safetensors")
+        common = sorted(set(sd) & set(want))
+        # Every tensor is the module's, none a constant of the graph: the whole module moves as
+        # .to("cuda") would move it (here to float64, on the CPU).
+        m64 = torch.jit.load(f"{folder}/{name}.pt").eval().double()
+        with torch.no_grad():
+            y7_64 = m64(io["x7"].double())
+        out[name] = {
+            "batch1": rel(y1, io["y1"]),
+            "batch7": rel(y7, io["y7"]),
+            "float64": rel(y7_64, io["y7"]),
+            "tensor_constants": "CONSTANTS." in m.code,
+            "shape7": list(y7.shape),
+            "weights": max((sd[k].double() - want[k].double()).abs().max().item() for k in common),
+            "only_in_file": sorted(set(sd) - set(want)),
+            "only_in_checkpoint": sorted(set(want) - set(sd)),
+            "extra": {k: v.decode() for k, v in extra.items()},
+        }
+    print(json.dumps(out))
+
+
+def check_metadata(file):
+    extra = {k: "" for k in KEYS}
+    torch.jit.load(file, _extra_files=extra)
+    print(json.dumps({k: v.decode() for k, v in extra.items()}))
+
+
+def center_crop(img, size):
+    # torchvision's F.center_crop on an image at least `size` on each side.
+    w, h = img.size
+    top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+    return img.crop((left, top, left + size, top + size))
+
+
+def pixels(file, crop, images):
+    m = torch.jit.load(file).eval()
+    x = np.stack([np.array(center_crop(Image.open(p).convert("RGB"), crop)) for p in images])
+    with torch.no_grad():
+        y = m(torch.from_numpy(x))
+    print(json.dumps({"dtype": str(y.dtype), "rows": y.float().tolist(), "tensor_constants": "CONSTANTS." in m.code}))
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "check":
+        check(sys.argv[2], sys.argv[3:])
+    elif cmd == "check-metadata":
+        check_metadata(sys.argv[2])
+    elif cmd == "pixels":
+        pixels(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    else:
+        sys.exit(f"unknown command {cmd}")
