@@ -174,10 +174,10 @@ pub struct ExportSummary {
 }
 
 pub fn export(o: &ExportOptions) -> Result<ExportSummary> {
-    let (mut model, state) = checkpoint::load(&o.checkpoint, Device::Cpu)?;
     if o.out.is_dir() {
         bail_user!("--out {} is a directory: name the file to write", o.out.display());
     }
+    let (mut model, state) = checkpoint::load(&o.checkpoint, Device::Cpu)?;
     if o.half {
         model.vs.half();
     }
