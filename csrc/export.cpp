@@ -45,49 +45,36 @@ int rt_jit_trace_save(const char** names, rt_tensor** tensors, const int* is_buf
           return m;
         };
         jit::Module root = new_module();
-        // The module tree of the names: "layer1.0.conv1.weight" is layer1 → 0 → conv1, "weight".
-        std::map<std::string, jit::Module> modules{{"", root}};
-        std::vector<std::pair<std::vector<std::string>, at::Tensor>> leaves;
-        for (int i = 0; i < n; ++i) {
-          auto atoms = split(names[i]);
-          std::string prefix;
-          jit::Module parent = root;
-          for (size_t a = 0; a + 1 < atoms.size(); ++a) {
-            std::string next = prefix.empty() ? atoms[a] : prefix + "." + atoms[a];
-            auto found = modules.find(next);
-            if (found == modules.end()) {
-              jit::Module child = new_module();
-              parent.register_module(atoms[a], child);
-              found = modules.emplace(next, child).first;
-            }
-            parent = found->second;
-            prefix = next;
-          }
-          const at::Tensor& t = *tensors[i];
-          if (is_buffer[i])
-            parent.register_buffer(atoms.back(), t);
-          else
-            parent.register_parameter(atoms.back(), t, false);
-          leaves.emplace_back(atoms, t);
-        }
-
         auto state = std::make_shared<jit::tracer::TracingState>();
         jit::tracer::setTracingState(state);
         try {
           auto& graph = state->graph;
           jit::Value* self = graph->insertInput(0, "self")->setType(root._ivalue()->type());
-          // Each weight is read from the module (prim::GetAttr), not recorded as a constant.
-          std::map<std::string, jit::Value*> values{{"", self}};
-          for (const auto& [atoms, t] : leaves) {
+          // The module tree of the names ("layer1.0.conv1.weight" is layer1 → 0 → conv1, then
+          // "weight"), each submodule read once (prim::GetAttr); each weight is read from its
+          // module, not recorded as a constant.
+          std::map<std::string, std::pair<jit::Module, jit::Value*>> modules{{"", {root, self}}};
+          for (int i = 0; i < n; ++i) {
+            auto atoms = split(names[i]);
             std::string prefix;
-            jit::Value* v = self;
+            auto parent = modules.at("");
             for (size_t a = 0; a + 1 < atoms.size(); ++a) {
               prefix = prefix.empty() ? atoms[a] : prefix + "." + atoms[a];
-              auto found = values.find(prefix);
-              if (found == values.end()) found = values.emplace(prefix, graph->insertGetAttr(v, atoms[a])).first;
-              v = found->second;
+              auto found = modules.find(prefix);
+              if (found == modules.end()) {
+                jit::Module child = new_module();
+                parent.first.register_module(atoms[a], child);
+                jit::Value* read = graph->insertGetAttr(parent.second, atoms[a]);
+                found = modules.emplace(prefix, std::make_pair(child, read)).first;
+              }
+              parent = found->second;
             }
-            state->setValue(t, graph->insertGetAttr(v, atoms.back()));
+            const at::Tensor& t = *tensors[i];
+            if (is_buffer[i])
+              parent.first.register_buffer(atoms.back(), t);
+            else
+              parent.first.register_parameter(atoms.back(), t, false);
+            state->setValue(t, graph->insertGetAttr(parent.second, atoms.back()));
           }
           jit::Value* x = graph->addInput("x");
           x->setType(c10::TensorType::get());

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use tch::{Device, Kind, Tensor};
 
 use crate::bail_user;
+use crate::data::load::normalize::Normalizer;
 use crate::model::Model;
 use crate::train::lifecycle::checkpoint::{self, CheckpointState};
 
@@ -51,8 +52,8 @@ pub struct GraphOptions {
 pub struct ExportGraph<'a> {
     pub model: &'a Model,
     pub options: GraphOptions,
-    /// The checkpoint's normalisation as x·scale + shift on 0-255 pixels ([1, 3, 1, 1] each),
-    /// the arithmetic of ringtrain's own loader.
+    /// The checkpoint's normalisation as x·scale + shift on 0-255 pixels ([1, 3, 1, 1] each):
+    /// ringtrain's loader's constants (`Normalizer`) and arithmetic.
     scale: Tensor,
     shift: Tensor,
     /// The input's height and width (the evaluation's centre crop).
@@ -66,12 +67,13 @@ impl<'a> ExportGraph<'a> {
         for (_, t) in model.vs.variables() {
             let _ = t.set_requires_grad(false);
         }
-        let constant = |v: [f64; 3]| Tensor::from_slice(&v.map(|x| x as f32)).view([1, 3, 1, 1]);
+        let normalizer = Normalizer::new(mean, std, Device::Cpu);
+        let (scale, shift) = normalizer.constants();
         ExportGraph {
             model,
             options,
-            scale: constant(std.map(|s| 1.0 / (255.0 * s))),
-            shift: constant([0, 1, 2].map(|c| -mean[c] / std[c])),
+            scale: scale.shallow_clone(),
+            shift: shift.shallow_clone(),
             size: size as i64,
         }
     }

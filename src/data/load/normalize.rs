@@ -81,6 +81,12 @@ impl Normalizer {
         self.device
     }
 
+    /// x·scale + shift's constants, [1, 3, 1, 1] f32 on the device each (for a graph that
+    /// normalises as the loader does: `export --with-preprocess`).
+    pub fn constants(&self) -> (&Tensor, &Tensor) {
+        (&self.scale, &self.shift)
+    }
+
     /// The same normaliser (its constants shared).
     pub fn shallow_clone(&self) -> Self {
         Normalizer {
