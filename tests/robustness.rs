@@ -514,13 +514,24 @@ fn hostile_inputs_and_faults_end_cleanly() {
 
 /// Checkpoints and weights are only ever read as safetensors: no code path can unpickle or run
 /// TorchScript from a user's file. (A source scan: the loaders that could do it are named here.)
+/// Two lines are let through, both `export`'s: the shim's tracer names libtorch's `torch::jit`
+/// namespace to write a module, and the exported file, written under a temporary name a moment
+/// before, is read back and run once before it is kept. `jit::load` stays refused in the shim.
 #[test]
 fn no_pickle_or_torchscript_loader_in_the_code() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let allowed = [
+        ("csrc/export.cpp", "namespace jit = torch::jit;"),
+        ("src/export/torchscript.rs", "use tch::{CModule, Kind, Tensor};"),
+        ("src/export/torchscript.rs", "let module = CModule::load(file).context(\"reading the traced module back\")?;"),
+    ];
+    let mut seen = vec![false; allowed.len()];
     let forbidden = [
         "torch::load",
         "torch::jit",
         "jit::load",
+        "jit::import",
+        "import_ir_module",
         "pickle_load",
         "unpickle",
         "CModule",
@@ -545,13 +556,26 @@ fn no_pickle_or_torchscript_loader_in_the_code() {
     assert!(files.len() > 20, "{files:?}");
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
+        let rel = f.strip_prefix(root).unwrap().to_string_lossy().to_string();
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap();
+            if let Some(i) = allowed.iter().position(|&(p, l)| rel == p && code.trim() == l) {
+                seen[i] = true;
+                continue;
+            }
             for pat in forbidden {
                 assert!(!code.contains(pat), "{}:{}: {pat}", f.display(), n + 1);
             }
         }
     }
+    // A line let through that is no longer there is taken off the list, not left to grow stale.
+    for (i, (p, l)) in allowed.iter().enumerate() {
+        assert!(seen[i], "{p}: the allowed line `{l}` is gone");
+    }
+    // The read-back is only ever of the file just written under its temporary name.
+    let ts = std::fs::read_to_string(root.join("src/export/torchscript.rs")).unwrap();
+    assert_eq!(ts.matches("check(graph, ").count(), 1);
+    assert!(ts.contains("check(graph, tmp)"));
 }
 
 /// The rendezvous store listens on the master address it was given, not on every interface
