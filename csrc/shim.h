@@ -251,11 +251,14 @@ const char* rt_fused_scale_add_record(rt_tensor* z, rt_tensor* stream, rt_tensor
 // Traces forward(ctx, input) (which returns a tensor that stays alive until the call returns) into
 // a TorchScript module whose parameters and buffers (is_buffer[i]) are tensors[i] under names[i]
 // (state_dict names: "a.b.weight" nests submodules), and saves it to path with n_extra extra
-// files (extra_names[i] holding extra_lengths[i] bytes of extra_contents[i]).
+// files (extra_names[i] holding extra_lengths[i] bytes of extra_contents[i]). With description
+// non-null, also sets *description to the traced graph as text (csrc/export.cpp says its lines;
+// freed by rt_free_description); with path null, saves nothing.
 typedef rt_tensor* (*rt_forward_fn)(void* ctx, rt_tensor* input);
 int rt_jit_trace_save(const char** names, rt_tensor** tensors, const int* is_buffer, int n, rt_tensor* input,
                       rt_forward_fn forward, void* ctx, const char* path, const char** extra_names,
-                      const char** extra_contents, const size_t* extra_lengths, int n_extra);
+                      const char** extra_contents, const size_t* extra_lengths, int n_extra, char** description);
+void rt_free_description(char* description);
 
 #ifdef __cplusplus
 }

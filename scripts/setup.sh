@@ -8,14 +8,15 @@
 #   RINGTRAIN_CACHE) holding libtorch 2.11.0 (the torch wheel: CPU + CUDA 13.0, cuDNN, NCCL),
 #   the CUDA headers the NCCL part of the shim compiles against, and the Python packages the tests
 #   use as independent references (torchvision, timm, webdataset, datasets, safetensors, scikit-learn,
-#   tensorboard). torch brings Triton, which compiles ringtrain's fused kernels when it is built.
+#   tensorboard, onnx, onnxruntime). torch brings Triton, which compiles ringtrain's fused kernels
+#   when it is built.
 #
 # Re-running it is cheap: each step checks a stamp first.
 set -euo pipefail
 
 CACHE="${RINGTRAIN_CACHE:-$HOME/.cache/ringtrain}"
 VENV="$CACHE/venv"
-STAMP="$VENV/.ringtrain-setup-v5"
+STAMP="$VENV/.ringtrain-setup-v6"
 PY_PACKAGES=(
   "torch==2.11.0"
   "torchvision==0.26.0"
@@ -31,6 +32,9 @@ PY_PACKAGES=(
   # numpy 2.4 refuses.
   "numpy<2.4"
   "pillow"
+  # The ONNX export's independent references: the checker and ONNX Runtime.
+  "onnx==1.23.2"
+  "onnxruntime==1.32.0"
 )
 
 log() { echo "[setup] $*" >&2; }

@@ -158,7 +158,9 @@ mod ffi {
             extra_contents: *const *const c_char,
             extra_lengths: *const usize,
             n_extra: c_int,
+            description: *mut *mut c_char,
         ) -> c_int;
+        pub fn rt_free_description(description: *mut c_char);
     }
 }
 
@@ -813,17 +815,41 @@ pub fn jit_trace_save(
     path: &std::path::Path,
     extra: &[(String, Vec<u8>)],
 ) -> Result<()> {
+    jit_trace(weights, input, forward, Some((path, extra)), false).map(|_| ())
+}
+
+/// Traces `forward` on `input` as `jit_trace_save` does, and gives the traced graph as text:
+/// lines `input ID DTYPE SIZES..`, `weight ID NAME`, `const ID KIND VALUES..`,
+/// `node KIND in ID.. out ID..`, `value ID DTYPE SIZES..` (each node output's, as traced) and
+/// `output ID`, in the graph's order.
+pub fn jit_trace_graph(
+    weights: &[TracedWeight],
+    input: &Tensor,
+    forward: &mut dyn FnMut(&Tensor) -> Tensor,
+) -> Result<String> {
+    jit_trace(weights, input, forward, None, true).map(|d| d.unwrap_or_default())
+}
+
+fn jit_trace(
+    weights: &[TracedWeight],
+    input: &Tensor,
+    forward: &mut dyn FnMut(&Tensor) -> Tensor,
+    save: Option<(&std::path::Path, &[(String, Vec<u8>)])>,
+    describe: bool,
+) -> Result<Option<String>> {
     use std::ffi::CString;
     let names = weights.iter().map(|w| CString::new(w.name)).collect::<Result<Vec<_>, _>>()?;
     let name_ptrs: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
     let tensors: Vec<*mut torch_sys::C_tensor> = weights.iter().map(|w| ptr(w.tensor)).collect();
     let is_buffer: Vec<c_int> = weights.iter().map(|w| w.buffer as c_int).collect();
+    let extra = save.map(|(_, e)| e).unwrap_or_default();
     let extra_names = extra.iter().map(|(n, _)| CString::new(n.as_str())).collect::<Result<Vec<_>, _>>()?;
     let extra_name_ptrs: Vec<*const c_char> = extra_names.iter().map(|n| n.as_ptr()).collect();
     let contents: Vec<*const c_char> = extra.iter().map(|(_, c)| c.as_ptr() as *const c_char).collect();
     let lengths: Vec<usize> = extra.iter().map(|(_, c)| c.len()).collect();
-    let path = CString::new(path.as_os_str().as_encoded_bytes())?;
+    let path = save.map(|(p, _)| CString::new(p.as_os_str().as_encoded_bytes())).transpose()?;
     let mut call = TraceCall { forward, out: None };
+    let mut description: *mut c_char = std::ptr::null_mut();
     // SAFETY: every pointer lives until the call returns; the shim reads the contents for their
     // lengths and calls traced_forward with &mut call only during the call.
     let rc = unsafe {
@@ -835,14 +861,22 @@ pub fn jit_trace_save(
             ptr(input),
             traced_forward,
             &mut call as *mut TraceCall as *mut std::ffi::c_void,
-            path.as_ptr(),
+            path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
             extra_name_ptrs.as_ptr(),
             contents.as_ptr(),
             lengths.as_ptr(),
             extra.len() as c_int,
+            if describe { &mut description } else { std::ptr::null_mut() },
         )
     };
-    check(rc).map(|_| ())
+    check(rc)?;
+    if description.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: a NUL-terminated string the shim allocated for us, freed once copied.
+    let text = unsafe { CStr::from_ptr(description) }.to_string_lossy().into_owned();
+    unsafe { ffi::rt_free_description(description) };
+    Ok(Some(text))
 }
 
 pub fn torch_version() -> String {

@@ -70,7 +70,7 @@ pub enum Command {
     Eval(EvalArgs),
     /// Predict the classes of images: files, flat folders, or ImageFolder trees (then with accuracy).
     Predict(PredictArgs),
-    /// Write a checkpoint as a file servers run without ringtrain (TorchScript), with a
+    /// Write a checkpoint as a file servers run without ringtrain (ONNX or TorchScript), with a
     /// dynamic batch dimension, the class names and preprocessing in its metadata, and a
     /// labels.txt beside it.
     ///
@@ -437,12 +437,15 @@ pub struct ExportArgs {
     /// A checkpoint directory (e.g. runs/x/best).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// The file format: torchscript.
+    /// The file format: onnx or torchscript.
     #[arg(long)]
     pub format: ExportFormat,
     /// The file to write; labels.txt goes beside it.
     #[arg(long)]
     pub out: PathBuf,
+    /// The ONNX opset to write (13 to 22).
+    #[arg(long, default_value_t = crate::export::DEFAULT_OPSET)]
+    pub opset: i64,
     /// fp16 weights and arithmetic (input and output float16).
     #[arg(long)]
     pub half: bool,

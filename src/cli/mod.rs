@@ -197,6 +197,7 @@ fn export(args: &ExportArgs) -> Result<()> {
         checkpoint: args.checkpoint.clone(),
         format: args.format,
         out: args.out.clone(),
+        opset: args.opset,
         half: args.half,
         with_preprocess: args.with_preprocess,
         softmax: args.softmax,

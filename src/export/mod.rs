@@ -5,8 +5,10 @@
 //! the checkpoint's evaluation size. `--with-preprocess` puts the normalisation inside it (uint8
 //! NHWC images in, as decoded, resized and centre-cropped), `--softmax` the probabilities at its
 //! end, `--half` runs it in fp16.
+pub mod onnx;
 pub mod torchscript;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
@@ -21,16 +23,24 @@ use crate::train::lifecycle::checkpoint::{self, CheckpointState};
 crate::flag_enum! {
     /// The file formats `--format` names.
     pub enum ExportFormat("invalid --format") {
+        /// ONNX, standard operators only (ONNX Runtime, TensorRT, OpenVINO, Triton).
+        Onnx = "onnx",
         /// libtorch's traced module (`torch.jit.load`, LibTorch's `torch::jit::load`).
         TorchScript = "torchscript",
     }
 }
+
+/// The ONNX opsets `--opset` takes.
+pub const OPSETS: std::ops::RangeInclusive<i64> = 13..=22;
+pub const DEFAULT_OPSET: i64 = 17;
 
 pub struct ExportOptions {
     /// A checkpoint directory (e.g. runs/x/best).
     pub checkpoint: PathBuf,
     pub format: ExportFormat,
     pub out: PathBuf,
+    /// The ONNX opset (ONNX only).
+    pub opset: i64,
     pub half: bool,
     pub with_preprocess: bool,
     pub softmax: bool,
@@ -45,6 +55,14 @@ pub struct GraphOptions {
     pub with_preprocess: bool,
     /// Probabilities out instead of logits.
     pub softmax: bool,
+}
+
+/// A weight of the exported graph under the name the file gives it.
+pub struct NamedWeight {
+    pub name: String,
+    pub tensor: Tensor,
+    /// A buffer (running statistics, the normalisation's constants), else a parameter.
+    pub buffer: bool,
 }
 
 /// The evaluation forward pass `export` writes: `model` in eval mode after the graph options'
@@ -85,6 +103,37 @@ impl<'a> ExportGraph<'a> {
             true => vec![("preprocess.scale", &self.scale), ("preprocess.shift", &self.shift)],
             false => vec![],
         }
+    }
+
+    /// The tensors the forward pass reads, by their state_dict names, with BatchNorm's step counts
+    /// (unused by the graph, but part of a state_dict that torchvision's model loads strictly)
+    /// and the normalisation's buffers.
+    pub fn weights(&self) -> Vec<NamedWeight> {
+        let vs = &self.model.vs;
+        let trainable: HashSet<usize> = vs.trainable_variables().iter().map(|t| t.data_ptr() as usize).collect();
+        let mut weights: Vec<NamedWeight> = vs
+            .variables()
+            .into_iter()
+            .map(|(name, tensor)| {
+                let buffer = !trainable.contains(&(tensor.data_ptr() as usize));
+                NamedWeight { name, tensor, buffer }
+            })
+            .collect();
+        let counts: Vec<NamedWeight> = weights
+            .iter()
+            .filter_map(|w| w.name.strip_suffix(".running_mean"))
+            .map(|p| NamedWeight {
+                name: format!("{p}.num_batches_tracked"),
+                tensor: Tensor::from(self.model.bn_batches),
+                buffer: true,
+            })
+            .collect();
+        weights.extend(counts);
+        weights.sort_by(|a, b| a.name.cmp(&b.name));
+        for (name, tensor) in self.preprocess_buffers() {
+            weights.push(NamedWeight { name: name.to_string(), tensor: tensor.shallow_clone(), buffer: true });
+        }
+        weights
     }
 
     /// The kind of the model's input (after the preprocessing, if any).
@@ -176,6 +225,9 @@ pub struct ExportSummary {
 }
 
 pub fn export(o: &ExportOptions) -> Result<ExportSummary> {
+    if !OPSETS.contains(&o.opset) {
+        bail_user!("--opset {} is not one ringtrain writes: {} to {}", o.opset, OPSETS.start(), OPSETS.end());
+    }
     if o.out.is_dir() {
         bail_user!("--out {} is a directory: name the file to write", o.out.display());
     }
@@ -197,6 +249,7 @@ pub fn export(o: &ExportOptions) -> Result<ExportSummary> {
     }
     match o.format {
         ExportFormat::TorchScript => torchscript::write(&graph, &metadata, &o.out)?,
+        ExportFormat::Onnx => onnx::write(&graph, &metadata, o.opset, &o.out)?,
     }
     let labels = o.out.with_file_name("labels.txt");
     crate::atomic::write_file(&labels, (state.classes.join("\n") + "\n").as_bytes())?;

@@ -4,7 +4,6 @@
 //! constant of the graph, so `.to()`, `.half()` and `state_dict()` work on the loaded file; the
 //! metadata are its extra files. The file is read back
 //! and run at two batch sizes before it is kept: a shape fixed by the trace would show there.
-use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -15,28 +14,9 @@ use crate::atomic;
 use crate::shim::{self, TracedWeight};
 
 pub fn write(graph: &ExportGraph, metadata: &[(String, String)], out: &Path) -> Result<()> {
-    let vs = &graph.model.vs;
-    let trainable: HashSet<usize> = vs.trainable_variables().iter().map(|t| t.data_ptr() as usize).collect();
-    let mut variables: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-    // BatchNorm's step count too, unused by the graph: the file's state_dict is then the
-    // checkpoint's, which torchvision's model loads strictly.
-    let counts: Vec<(String, Tensor)> = variables
-        .iter()
-        .filter_map(|(n, _)| n.strip_suffix(".running_mean"))
-        .map(|p| (format!("{p}.num_batches_tracked"), Tensor::from(graph.model.bn_batches)))
-        .collect();
-    variables.extend(counts);
-    variables.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut weights: Vec<TracedWeight> = variables
-        .iter()
-        .map(|(name, t)| TracedWeight {
-            name,
-            tensor: t,
-            buffer: !trainable.contains(&(t.data_ptr() as usize)),
-        })
-        .collect();
-    let preprocess = graph.preprocess_buffers().into_iter();
-    weights.extend(preprocess.map(|(name, tensor)| TracedWeight { name, tensor, buffer: true }));
+    let named = graph.weights();
+    let weights: Vec<TracedWeight> =
+        named.iter().map(|w| TracedWeight { name: &w.name, tensor: &w.tensor, buffer: w.buffer }).collect();
     let extra: Vec<(String, Vec<u8>)> = metadata.iter().map(|(k, v)| (k.clone(), v.as_bytes().to_vec())).collect();
     atomic::write_file_by_path(out, |tmp| {
         tch::no_grad(|| {

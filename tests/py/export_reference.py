@@ -8,17 +8,28 @@
                                             difference of its state_dict from
                                             DIR/NAME-weights.safetensors and the names either
                                             lacks, and its extra files
-    export_reference.py check-metadata FILE JSON: FILE's extra files
+                                            With DIR/NAME.onnx (or DIR/NAME@OPSET.onnx) beside
+                                            it, the same of ONNX Runtime on that file, and what
+                                            onnx's full checker says of it
+    export_reference.py check-metadata FILE JSON: FILE's extra files (an .onnx file's
+                                            metadata_props)
     export_reference.py pixels FILE CROP IMAGE...
                                             the images decoded by PIL, centre-cropped to CROP
                                             (torchvision's CenterCrop), as uint8 [N, H, W, 3]
-                                            through FILE; JSON: its outputs, one row per image,
-                                            and whether its graph holds a tensor constant
+                                            through FILE (TorchScript, or ONNX in ONNX
+                                            Runtime); JSON: its outputs, one row per image, and
+                                            whether its graph holds a tensor constant
 """
+import glob
+import os
+
 import json
 import sys
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
+import onnxruntime as ort
 import torch
 from PIL import Image
 from safetensors.torch import load_file
@@ -57,11 +68,53 @@ def check(folder, names):
             "only_in_file": sorted(set(sd) - set(want)),
             "only_in_checkpoint": sorted(set(want) - set(sd)),
             "extra": {k: v.decode() for k, v in extra.items()},
+            "onnx": {os.path.basename(f)[:-5]: check_onnx(f, io, want)
+                     for f in sorted(glob.glob(f"{folder}/{glob.escape(name)}.onnx")
+                                     + glob.glob(f"{folder}/{glob.escape(name)}@*.onnx"))},
         }
     print(json.dumps(out))
 
 
+def run_onnx(file, x):
+    s = ort.InferenceSession(file, providers=["CPUExecutionProvider"])
+    (y,) = s.run(None, {s.get_inputs()[0].name: x.numpy()})
+    return torch.from_numpy(y)
+
+
+def check_onnx(file, io, weights):
+    """ONNX Runtime on `file` against ringtrain's outputs; what the checker and the file hold."""
+    try:
+        onnx.checker.check_model(file, full_check=True)
+        checker = "ok"
+    except Exception as e:  # the checker's message is the finding
+        checker = str(e).splitlines()[0]
+    m = onnx.load(file)
+    g = m.graph
+    y1, y7 = run_onnx(file, io["x1"]), run_onnx(file, io["x7"])
+    init = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    named = sorted(set(init) & set(weights))
+    return {
+        "checker": checker,
+        "batch1": rel(y1, io["y1"]),
+        "batch7": rel(y7, io["y7"]),
+        "shape7": list(y7.shape),
+        "opset": [(o.domain, o.version) for o in m.opset_import],
+        "domains": sorted({n.domain for n in g.node}),
+        "ops": sorted({n.op_type for n in g.node}),
+        "batch_dims": [i.type.tensor_type.shape.dim[0].dim_param for i in list(g.input) + list(g.output)],
+        # The weights are the checkpoint's, under its names.
+        "named_weights": len(named),
+        "unused_initializers": sorted(set(init) - {i for n in g.node for i in n.input}),
+        "weights": max((np.abs(init[k].astype(np.float64) - weights[k].double().numpy()).max() for k in named),
+                       default=-1.0),
+        "metadata": {p.key: p.value for p in m.metadata_props},
+    }
+
+
 def check_metadata(file):
+    if file.endswith(".onnx"):
+        print(json.dumps({p.key: p.value for p in onnx.load(file).metadata_props}))
+        return
     extra = {k: "" for k in KEYS}
     torch.jit.load(file, _extra_files=extra)
     print(json.dumps({k: v.decode() for k, v in extra.items()}))
@@ -75,8 +128,12 @@ def center_crop(img, size):
 
 
 def pixels(file, crop, images):
-    m = torch.jit.load(file).eval()
     x = np.stack([np.array(center_crop(Image.open(p).convert("RGB"), crop)) for p in images])
+    if file.endswith(".onnx"):
+        y = run_onnx(file, torch.from_numpy(x))
+        print(json.dumps({"dtype": str(y.dtype), "rows": y.float().tolist(), "tensor_constants": False}))
+        return
+    m = torch.jit.load(file).eval()
     with torch.no_grad():
         y = m(torch.from_numpy(x))
     print(json.dumps({"dtype": str(y.dtype), "rows": y.float().tolist(), "tensor_constants": "CONSTANTS." in m.code}))
