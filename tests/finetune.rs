@@ -134,7 +134,7 @@ fn seedlings(dst: &Path, n: usize) {
 
 /// One family's fine-tuning as a user runs it: torchvision's 7-class weights (as torchvision
 /// initialises them, saved from Python) with `--pretrained`, a new 4-class head, the stem
-/// frozen, the head at 10× the rate, five epochs of batches of 8 from 48 plant-seedling images
+/// frozen, the head at 10× the rate, three epochs of batches of 8 from 48 plant-seedling images
 /// at `img` px with the family's own flags. The training loss falls, every frozen tensor (BatchNorm statistics
 /// included) is unchanged, the rest moved.
 fn fine_tunes(model: &str, img: u32, freeze: &str, flags: &str) {
@@ -147,7 +147,7 @@ fn fine_tunes(model: &str, img: u32, freeze: &str, flags: &str) {
     let o = common::ringtrain(&common::argv(
         &format!(
             "train --data {{}} --val {{}} --out {{}} --pretrained {{}} --model {model} --freeze {freeze} --img-size {img} \
-             --epochs 5 --batch-size 8 --head-lr-mult 10 --warmup-epochs 0 --device cpu {flags}"
+             --epochs 3 --batch-size 8 --head-lr-mult 10 --warmup-epochs 0 --device cpu {flags}"
         ),
         &[&data, &data, &out, &pretrained],
     ));
