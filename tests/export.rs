@@ -298,5 +298,9 @@ fn bad_export_input_is_one_line_and_exit_2_and_writes_nothing() {
         &["export", "--checkpoint", s(d.path()), "--format", "onnx", "--opset", "12", "--out", o],
         "--opset 12",
     );
+    common::expect_user_error(
+        &["export", "--checkpoint", s(d.path()), "--format", "torchscript", "--opset", "17", "--out", o],
+        "--opset is for --format onnx",
+    );
     assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "something was written");
 }

@@ -443,9 +443,9 @@ pub struct ExportArgs {
     /// The file to write; labels.txt goes beside it.
     #[arg(long)]
     pub out: PathBuf,
-    /// The ONNX opset to write (13 to 22).
-    #[arg(long, default_value_t = crate::export::DEFAULT_OPSET)]
-    pub opset: i64,
+    /// The ONNX opset to write, 13 to 22 [default: 17].
+    #[arg(long)]
+    pub opset: Option<i64>,
     /// fp16 weights and arithmetic (input and output float16).
     #[arg(long)]
     pub half: bool,

@@ -193,11 +193,14 @@ fn eval(args: &EvalArgs) -> Result<()> {
 }
 
 fn export(args: &ExportArgs) -> Result<()> {
+    if args.opset.is_some() && args.format != crate::export::ExportFormat::Onnx {
+        bail_user!("--opset is for --format onnx");
+    }
     let s = crate::export::export(&crate::export::ExportOptions {
         checkpoint: args.checkpoint.clone(),
         format: args.format,
         out: args.out.clone(),
-        opset: args.opset,
+        opset: args.opset.unwrap_or(crate::export::DEFAULT_OPSET),
         half: args.half,
         with_preprocess: args.with_preprocess,
         softmax: args.softmax,
