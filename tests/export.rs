@@ -143,7 +143,8 @@ fn every_family_exports_to_torchscript_and_onnx_that_pytorch_and_onnx_runtime_ru
             eprintln!("{file}: ONNX Runtime batch 1 {:.1e}, batch 7 {:.1e}", f("batch1"), f("batch7"));
             assert_eq!(o["checker"], "ok", "{file}");
             for batch in ["batch1", "batch7"] {
-                assert!(f(batch) <= SAME, "{file}: ONNX Runtime's {batch} off by {:.2e} of the largest logit", f(batch));
+                let off = f(batch);
+                assert!(off <= SAME, "{file}: ONNX Runtime's {batch} off by {off:.2e} of the largest logit");
             }
             assert_eq!(o["shape7"], serde_json::json!([7, 5]), "{file}");
             let opset = file.split_once('@').map_or(DEFAULT_OPSET, |(_, o)| o.parse().unwrap());

@@ -163,7 +163,8 @@ impl AttributeProto {
         AttributeProto { name: name.into(), ints: ints.to_vec(), r#type: attribute_type::INTS, ..Default::default() }
     }
     pub fn string(name: &str, s: &str) -> Self {
-        AttributeProto { name: name.into(), s: s.as_bytes().to_vec(), r#type: attribute_type::STRING, ..Default::default() }
+        let s = s.as_bytes().to_vec();
+        AttributeProto { name: name.into(), s, r#type: attribute_type::STRING, ..Default::default() }
     }
 }
 

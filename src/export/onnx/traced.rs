@@ -54,7 +54,8 @@ impl TracedGraph {
         let mut g = TracedGraph::default();
         let (mut input, mut output) = (None, None);
         for (n, line) in text.lines().enumerate() {
-            parse_line(&mut g, line, &mut input, &mut output).with_context(|| format!("traced graph line {}: {line}", n + 1))?;
+            parse_line(&mut g, line, &mut input, &mut output)
+                .with_context(|| format!("traced graph line {}: {line}", n + 1))?;
         }
         g.input = input.context("the traced graph has no input")?;
         g.output = output.context("the traced graph has no output")?;
@@ -85,7 +86,12 @@ impl TracedGraph {
     }
 }
 
-fn parse_line(g: &mut TracedGraph, line: &str, input: &mut Option<ValueId>, output: &mut Option<ValueId>) -> Result<()> {
+fn parse_line(
+    g: &mut TracedGraph,
+    line: &str,
+    input: &mut Option<ValueId>,
+    output: &mut Option<ValueId>,
+) -> Result<()> {
     let words: Vec<&str> = line.split(' ').collect();
     let id = |i: usize| -> Result<ValueId> { Ok(words.get(i).context("too short")?.parse()?) };
     let ints = |from: usize| -> Result<Vec<i64>> { words[from..].iter().map(|w| Ok(w.parse()?)).collect() };
@@ -117,7 +123,9 @@ fn parse_line(g: &mut TracedGraph, line: &str, input: &mut Option<ValueId>, outp
         "node" => {
             let at_in = words.iter().position(|w| *w == "in").context("no inputs")?;
             let at_out = words.iter().position(|w| *w == "out").context("no outputs")?;
-            let ids = |r: std::ops::Range<usize>| -> Result<Vec<ValueId>> { words[r].iter().map(|w| Ok(w.parse()?)).collect() };
+            let ids = |r: std::ops::Range<usize>| -> Result<Vec<ValueId>> {
+                words[r].iter().map(|w| Ok(w.parse()?)).collect()
+            };
             g.nodes.push(Node {
                 kind: words.get(1).context("no kind")?.to_string(),
                 inputs: ids(at_in + 1..at_out)?,
@@ -136,9 +144,9 @@ mod tests {
 
     #[test]
     fn parses_lines_and_drops_what_the_output_does_not_need() {
-        let text = "input 1 Float 2 3 4 4\nweight 2 fc.weight\nconst 3 ints 1 1\nconst 4 float 1.0000000000000001e-05\n\
-                    node aten::relu in 1 out 5\nvalue 5 Float 2 3 4 4\nnode aten::sigmoid in 1 out 6\nvalue 6 Float 2 3 4 4\n\
-                    const 7 none\nconst 8 str tanh\noutput 5\n";
+        let text = "input 1 Float 2 3 4 4\nweight 2 fc.weight\nconst 3 ints 1 1\n\
+                    const 4 float 1.0000000000000001e-05\nnode aten::relu in 1 out 5\nvalue 5 Float 2 3 4 4\n\
+                    node aten::sigmoid in 1 out 6\nvalue 6 Float 2 3 4 4\nconst 7 none\nconst 8 str tanh\noutput 5\n";
         let g = TracedGraph::parse(text).unwrap();
         assert_eq!((g.input, g.output), (1, 5));
         assert_eq!(g.nodes.len(), 1);

@@ -260,7 +260,8 @@ impl<'g> Translation<'g> {
         let bias = self.weight_or(i[3], 0.0, width, &info.dtype)?;
         let eps = self.float(i[4])?;
         let y = self.out_name(out);
-        let attrs = vec![AttributeProto::int("axis", -(shape.len() as i64)), AttributeProto::float("epsilon", eps as f32)];
+        let axis = -(shape.len() as i64);
+        let attrs = vec![AttributeProto::int("axis", axis), AttributeProto::float("epsilon", eps as f32)];
         self.emit("LayerNormalization", &[&x, &scale, &bias], &y, attrs);
         Ok(())
     }
@@ -289,7 +290,8 @@ impl<'g> Translation<'g> {
             }
             "tanh" => {
                 // tanh(√(2/π) (x + 0.044715 x³))
-                let (c, k) = (self.scalar(0.044715, &dtype)?, self.scalar((2.0 / std::f64::consts::PI).sqrt(), &dtype)?);
+                let c = self.scalar(0.044715, &dtype)?;
+                let k = self.scalar((2.0 / std::f64::consts::PI).sqrt(), &dtype)?;
                 let (x2, x3, cx3, sum, ks, th) = (
                     self.temp("gelu"),
                     self.temp("gelu"),
