@@ -869,14 +869,15 @@ fn jit_trace(
             if describe { &mut description } else { std::ptr::null_mut() },
         )
     };
+    // SAFETY: a NUL-terminated string the shim allocated for us (also when a later step failed),
+    // freed once copied.
+    let text = (!description.is_null()).then(|| {
+        let text = unsafe { CStr::from_ptr(description) }.to_string_lossy().into_owned();
+        unsafe { ffi::rt_free_description(description) };
+        text
+    });
     check(rc)?;
-    if description.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: a NUL-terminated string the shim allocated for us, freed once copied.
-    let text = unsafe { CStr::from_ptr(description) }.to_string_lossy().into_owned();
-    unsafe { ffi::rt_free_description(description) };
-    Ok(Some(text))
+    Ok(text)
 }
 
 pub fn torch_version() -> String {

@@ -18,6 +18,7 @@ use tch::{Device, Kind, Tensor};
 use crate::bail_user;
 use crate::data::load::normalize::Normalizer;
 use crate::model::Model;
+use crate::shim::TracedWeight;
 use crate::train::lifecycle::checkpoint::{self, CheckpointState};
 
 crate::flag_enum! {
@@ -63,6 +64,13 @@ pub struct NamedWeight {
     pub tensor: Tensor,
     /// A buffer (running statistics, the normalisation's constants), else a parameter.
     pub buffer: bool,
+}
+
+impl NamedWeight {
+    /// The weight as the shim's tracer takes it.
+    pub fn traced(&self) -> TracedWeight<'_> {
+        TracedWeight { name: &self.name, tensor: &self.tensor, buffer: self.buffer }
+    }
 }
 
 /// The evaluation forward pass `export` writes: `model` in eval mode after the graph options'

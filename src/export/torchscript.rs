@@ -9,14 +9,13 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use tch::{CModule, Kind, Tensor};
 
-use super::ExportGraph;
+use super::{ExportGraph, NamedWeight};
 use crate::atomic;
 use crate::shim::{self, TracedWeight};
 
 pub fn write(graph: &ExportGraph, metadata: &[(String, String)], out: &Path) -> Result<()> {
     let named = graph.weights();
-    let weights: Vec<TracedWeight> =
-        named.iter().map(|w| TracedWeight { name: &w.name, tensor: &w.tensor, buffer: w.buffer }).collect();
+    let weights: Vec<TracedWeight> = named.iter().map(NamedWeight::traced).collect();
     let extra: Vec<(String, Vec<u8>)> = metadata.iter().map(|(k, v)| (k.clone(), v.as_bytes().to_vec())).collect();
     atomic::write_file_by_path(out, |tmp| {
         tch::no_grad(|| {

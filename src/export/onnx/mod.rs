@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use tch::Tensor;
 
-use super::ExportGraph;
+use super::{ExportGraph, NamedWeight};
 use crate::atomic;
 use crate::shim::{self, TracedWeight};
 use proto::{
@@ -33,8 +33,7 @@ pub fn write(graph: &ExportGraph, metadata: &[(String, String)], opset: i64, out
 /// The ONNX model of `graph`.
 pub fn model(graph: &ExportGraph, metadata: &[(String, String)], opset: i64) -> Result<ModelProto> {
     let named = graph.weights();
-    let weights: Vec<TracedWeight> =
-        named.iter().map(|w| TracedWeight { name: &w.name, tensor: &w.tensor, buffer: w.buffer }).collect();
+    let weights: Vec<TracedWeight> = named.iter().map(NamedWeight::traced).collect();
     let text = tch::no_grad(|| shim::jit_trace_graph(&weights, &graph.example_input(2), &mut |x| graph.forward(x)))
         .context("tracing the model")?;
     let traced = TracedGraph::parse(&text)?;
@@ -65,8 +64,10 @@ pub fn model(graph: &ExportGraph, metadata: &[(String, String)], opset: i64) -> 
 
 /// A graph input or output: its traced type and sizes, the first (the batch) left free.
 fn declare(name: &str, traced: &TracedGraph, v: traced::ValueId) -> Result<ValueInfoProto> {
-    let (elem_type, sizes) = translate::declared(traced.tensor(v)?)?;
-    let dim = sizes
+    let info = traced.tensor(v)?;
+    let elem_type = translate::onnx_type(&info.dtype)?;
+    let dim = info
+        .sizes
         .iter()
         .enumerate()
         .map(|(i, &d)| match i {

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use tch::{Kind, Tensor};
 
 use super::proto::{data_type, AttributeProto, NodeProto, TensorProto};
-use super::traced::{Constant, Node, TensorInfo, TracedGraph, ValueId};
+use super::traced::{Constant, Node, TracedGraph, ValueId};
 
 /// ONNX nodes and initializers being written for a traced graph.
 pub struct Translation<'g> {
@@ -92,10 +92,10 @@ impl<'g> Translation<'g> {
             }
             "_convolution" | "conv2d" => self.convolution(op, i, out)?,
             "batch_norm" => self.batch_norm(i, out)?,
-            "relu" => self.unary("Relu", i[0], out)?,
-            "sigmoid" => self.unary("Sigmoid", i[0], out)?,
-            "tanh" => self.unary("Tanh", i[0], out)?,
-            "hardswish" => self.unary("HardSwish", i[0], out)?,
+            "relu" => self.op("Relu", &[i[0]], out, vec![])?,
+            "sigmoid" => self.op("Sigmoid", &[i[0]], out, vec![])?,
+            "tanh" => self.op("Tanh", &[i[0]], out, vec![])?,
+            "hardswish" => self.op("HardSwish", &[i[0]], out, vec![])?,
             "hardsigmoid" => {
                 let attrs = vec![AttributeProto::float("alpha", 1.0 / 6.0), AttributeProto::float("beta", 0.5)];
                 self.op("HardSigmoid", &[i[0]], out, attrs)?;
@@ -527,10 +527,6 @@ impl<'g> Translation<'g> {
 
     // ---- helpers ----
 
-    fn unary(&mut self, op: &str, x: ValueId, out: ValueId) -> Result<()> {
-        self.op(op, &[x], out, vec![])
-    }
-
     /// One node from traced values to a traced value.
     fn op(&mut self, op: &str, inputs: &[ValueId], out: ValueId, attrs: Vec<AttributeProto>) -> Result<()> {
         self.require(op)?;
@@ -729,7 +725,8 @@ fn kind(dtype: &str) -> Result<Kind> {
     })
 }
 
-fn onnx_type(dtype: &str) -> Result<i32> {
+/// The ONNX element type of a traced (c10) dtype name.
+pub fn onnx_type(dtype: &str) -> Result<i32> {
     onnx_type_of(kind(dtype)?)
 }
 
@@ -758,9 +755,4 @@ pub fn initializer(name: &str, t: &Tensor) -> TensorProto {
         name: name.to_string(),
         raw_data,
     }
-}
-
-/// The traced dtype and sizes of a value, for the graph's declared input and output.
-pub fn declared(info: &TensorInfo) -> Result<(i32, Vec<i64>)> {
-    Ok((onnx_type(&info.dtype)?, info.sizes.clone()))
 }
