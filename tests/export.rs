@@ -3,7 +3,8 @@
 //! eval outputs at batch 1 and 7 for one network of every family; the files' weights are the
 //! model's, their metadata the checkpoint's; with `--with-preprocess` uint8 images give
 //! `ringtrain predict`'s logits on those images' files; `--softmax` and `--half` are checked
-//! against them; bad input is one line and exit 2.
+//! against them; `ringtrain predict` on the ONNX file (through ONNX Runtime's C API) gives the
+//! checkpoint's predictions; bad input is one line and exit 2.
 mod common;
 
 use std::collections::HashMap;
@@ -77,7 +78,7 @@ fn random_model(kind: ModelKind, size: u32, classes: i64) -> Model {
 #[test]
 fn every_family_exports_to_torchscript_and_onnx_that_pytorch_and_onnx_runtime_run_as_ringtrain() {
     let d = tempfile::tempdir().unwrap();
-    let options = GraphOptions { half: false, with_preprocess: false, softmax: false };
+    let options = GraphOptions { half: false, with_preprocess: false, softmax: false, resize: None };
     let mut names = Vec::new();
     for &(name, size) in CASES {
         let kind: ModelKind = name.parse().unwrap();
@@ -85,7 +86,9 @@ fn every_family_exports_to_torchscript_and_onnx_that_pytorch_and_onnx_runtime_ru
         let graph = ExportGraph::new(&model, options, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], size);
         let metadata = vec![("model".to_string(), name.to_string()), ("classes".into(), r#"["a","b"]"#.into())];
         torchscript::write(&graph, &metadata, &d.path().join(format!("{name}.pt"))).unwrap();
-        onnx::write(&graph, &metadata, DEFAULT_OPSET, &d.path().join(format!("{name}.onnx"))).unwrap();
+        // Run in ONNX Runtime against the model before it was kept (None: not skipped).
+        let file = d.path().join(format!("{name}.onnx"));
+        assert_eq!(onnx::write(&graph, &metadata, DEFAULT_OPSET, &file).unwrap(), None);
         for &opset in ONNX_OPSETS.iter().filter(|(n, _)| *n == name).map(|(_, o)| o) {
             match opset < 17 && name.starts_with("vit") {
                 // LayerNormalization came with opset 17: named, and nothing written.
@@ -95,7 +98,10 @@ fn every_family_exports_to_torchscript_and_onnx_that_pytorch_and_onnx_runtime_ru
                     assert!(format!("{e:#}").contains("LayerNormalization"), "{e:#}");
                     assert!(!f.exists());
                 }
-                false => onnx::write(&graph, &metadata, opset, &d.path().join(format!("{name}@{opset}.onnx"))).unwrap(),
+                false => {
+                    let f = d.path().join(format!("{name}@{opset}.onnx"));
+                    assert_eq!(onnx::write(&graph, &metadata, opset, &f).unwrap(), None);
+                }
             }
         }
         tch::manual_seed(1);
@@ -167,13 +173,21 @@ fn every_family_exports_to_torchscript_and_onnx_that_pytorch_and_onnx_runtime_ru
 /// A trained checkpoint of 3 classes whose evaluation reads 36 px images as they are: resized to
 /// 36 (the images' own size) and centre-cropped to 32.
 fn checkpoint(root: &Path) -> std::path::PathBuf {
+    checkpoint_with(root, "")
+}
+
+/// `checkpoint`, trained with more flags.
+fn checkpoint_with(root: &Path, flags: &str) -> std::path::PathBuf {
     let data = root.join("data");
     common::make_folder(&data, &["circle", "square", "triangle"], 6);
     let run = root.join("run");
     let o = common::ringtrain(&common::train_args(
         &data,
         &run,
-        "--model resnet10-tiny --img-size 32 --val-resize-size 36 --epochs 1 --batch-size 6 --device cpu --workers 1",
+        &format!(
+            "--model resnet10-tiny --img-size 32 --val-resize-size 36 --epochs 1 --batch-size 6 --device cpu \
+             --workers 1 {flags}"
+        ),
     ));
     assert!(o.status.success(), "{}", common::text(&o));
     run.join("last")
@@ -262,6 +276,8 @@ fn with_preprocess_takes_pixels_and_gives_predicts_logits_and_the_metadata_descr
     assert_eq!(got["model"], "resnet10-tiny");
     assert_eq!(got["input_size"], "32");
     assert_eq!(got["resize_size"], "36");
+    let flags = (&got["jpeg_decode"], &got["softmax"], &got["resize_in_graph"]);
+    assert_eq!(flags, (&"scaled".into(), &"false".into(), &"false".into()));
     assert_eq!(got["checkpoint_sha256"], sha.as_str());
     assert!(got["input"].as_str().unwrap().starts_with("uint8 [N, 32, 32, 3]"), "{}", got["input"]);
     assert!(got["output"].as_str().unwrap().starts_with("float32 [N, 3]: logits"), "{}", got["output"]);
@@ -276,6 +292,154 @@ fn with_preprocess_takes_pixels_and_gives_predicts_logits_and_the_metadata_descr
         "is a directory",
     );
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), before);
+}
+
+/// predictions.csv's rows by image path: (predicted class, probability, top-1's class and
+/// probability pairs as written).
+fn predicted_rows(csv: &Path) -> HashMap<String, (String, f64)> {
+    let mut r = csv::Reader::from_path(csv).unwrap();
+    r.records()
+        .map(|rec| {
+            let rec = rec.unwrap();
+            (rec[0].to_string(), (rec[1].to_string(), rec[2].parse().unwrap()))
+        })
+        .collect()
+}
+
+#[test]
+fn predict_runs_an_exported_onnx_file_in_onnx_runtime_as_it_runs_the_checkpoint() {
+    let d = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(d.path());
+    let data = d.path().join("data");
+    let predict = |model: &Path, out: &str, extra: &[&str]| -> (HashMap<String, Vec<f64>>, String) {
+        let csv = d.path().join(out);
+        let mut args = vec!["predict", "--checkpoint", s(model), s(&data), "--out", s(&csv), "--batch-size", "5"];
+        args.extend(extra);
+        let o = common::ringtrain(&args);
+        assert!(o.status.success(), "{}", common::text(&o));
+        let logits = if extra.contains(&"--logits") { predicted_logits(&csv) } else { HashMap::new() };
+        (logits, String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let (want, ckpt_said) = predict(&ckpt, "checkpoint.csv", &["--logits", "--device", "cpu"]);
+    assert_eq!(want.len(), 18);
+    let accuracy = |said: &str| {
+        let line = said.lines().find(|l| l.contains("accuracy"));
+        line.map(|l| l.split(';').nth(1).unwrap().to_string())
+    };
+    let export = |file: &str, flags: &str| {
+        let out = d.path().join("export").join(file);
+        let mut args = vec!["export", "--checkpoint", s(&ckpt), "--format", "onnx", "--out", s(&out)];
+        args.extend(flags.split_whitespace());
+        let o = common::ringtrain(&args);
+        assert!(o.status.success(), "{}", common::text(&o));
+        out
+    };
+    let off = |got: &HashMap<String, Vec<f64>>| {
+        assert_eq!(got.len(), want.len());
+        got.iter()
+            .map(|(p, g)| {
+                let w = &want[p];
+                let largest = w.iter().fold(0f64, |m, v| m.max(v.abs()));
+                g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f64, f64::max) / largest
+            })
+            .fold(0f64, f64::max)
+    };
+    // fp32, normalised by ringtrain's loader or by the graph: the checkpoint's logits.
+    for (file, flags) in [("model.onnx", ""), ("pixels.onnx", "--with-preprocess")] {
+        let (got, said) = predict(&export(file, flags), file, &["--logits"]);
+        let off = off(&got);
+        eprintln!("{file}: {off:.1e} of the largest logit");
+        assert!(off <= SAME, "{file}: off by {off:.2e} of the largest logit");
+        assert!(accuracy(&said).is_some() && accuracy(&said) == accuracy(&ckpt_said), "{said}");
+    }
+    // fp16: within 1 % of the largest logit; the same top-1 wherever fp32's two best are further
+    // apart than that.
+    let (half, _) = predict(&export("half.onnx", "--half"), "half.csv", &["--logits"]);
+    let half_off = off(&half);
+    eprintln!("half.onnx: {half_off:.1e} of the largest logit");
+    assert!(half_off <= 1e-2, "half.onnx: off by {half_off:.2e} of the largest logit");
+    let argmax = |v: &[f64]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+    for (p, w) in &want {
+        let mut sorted = w.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 2.0 * half_off * sorted[0].abs().max(sorted[1].abs()) {
+            assert_eq!(argmax(&half[p]), argmax(w), "half.onnx changed {p}'s top-1");
+        }
+    }
+    // --softmax: the probabilities written as they come, the softmax of the checkpoint's logits.
+    let probs_file = export("probs.onnx", "--softmax");
+    predict(&probs_file, "probs.csv", &[]);
+    for (p, (class, prob)) in predicted_rows(&d.path().join("probs.csv")) {
+        let w = &want[&p];
+        let z: f64 = w.iter().map(|v| (v - w[argmax(w)]).exp()).sum();
+        assert!((prob - 1.0 / z).abs() <= 1e-5, "{p}: probability {prob}, the checkpoint's {}", 1.0 / z);
+        assert_eq!(class, ["circle", "square", "triangle"][argmax(w)], "{p}");
+    }
+
+    // --with-resize: images of any size in. The graph's crops are torchvision's Resize +
+    // CenterCrop of the PIL image within a level, at six sizes an image (bilinear, and bicubic
+    // from a second checkpoint); predict hands it the images whole and gets the checkpoint's
+    // predictions (these images are already the resize's size).
+    let resized = export("resized.onnx", "--with-resize");
+    let bicubic = checkpoint_with(&d.path().join("bicubic"), "--interpolation bicubic");
+    let bicubic_file = d.path().join("export/bicubic.onnx");
+    let args = ["export", "--checkpoint", s(&bicubic), "--format", "onnx", "--with-resize", "--out", s(&bicubic_file)];
+    let o = common::ringtrain(&args);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let images: Vec<String> = ["circle/0.png", "square/1.png", "triangle/2.png"]
+        .iter()
+        .map(|p| data.join(p).to_string_lossy().into_owned())
+        .collect();
+    for file in [&resized, &bicubic_file] {
+        let mut args = vec!["resize-crops", s(file)];
+        args.extend(images.iter().map(String::as_str));
+        let v: Value = serde_json::from_str(&common::run_python_script("export_reference.py", &args)).unwrap();
+        eprintln!("{}: crops {v}", file.display());
+        assert!(v["worst"].as_i64().unwrap() <= 1, "{}: {v}", file.display());
+    }
+    let (got, said) = predict(&resized, "resized.csv", &["--logits"]);
+    let resized_off = off(&got);
+    eprintln!("resized.onnx: {resized_off:.1e} of the largest logit");
+    assert!(resized_off <= SAME, "resized.onnx: off by {resized_off:.2e} of the largest logit");
+    assert_eq!(accuracy(&said), accuracy(&ckpt_said), "{said}");
+
+    // Bad input: one line, exit 2, no predictions.csv.
+    let out = d.path().join("bad.csv");
+    let bad = |model: &Path, extra: &[&str], needle: &str| {
+        let mut args = vec!["predict", "--checkpoint", s(model), s(&data), "--out", s(&out)];
+        args.extend(extra);
+        common::expect_user_error(&args, needle);
+        assert!(!out.exists());
+    };
+    bad(&probs_file, &["--logits"], "exported with --softmax");
+    bad(&probs_file, &["--device", "cuda"], "ONNX files run on the CPU");
+    bad(&resized, &["--interpolation", "bicubic"], "resizes inside its graph");
+    let never = d.path().join("export/never.onnx");
+    let args =
+        ["export", "--checkpoint", s(&ckpt), "--format", "onnx", "--with-resize", "--opset", "17", "--out", s(&never)];
+    common::expect_user_error(&args, "--with-resize needs --opset 18 or newer");
+    assert!(!never.exists());
+    let garbage = d.path().join("garbage.onnx");
+    std::fs::write(&garbage, b"not a protobuf at all").unwrap();
+    bad(&garbage, &[], "ONNX Runtime cannot load it");
+    let safetensors = ckpt.join("model.safetensors");
+    bad(&safetensors, &[], "is a file: give a checkpoint directory");
+    // An ONNX file that another exporter wrote: no metadata to preprocess with.
+    let foreign = d.path().join("foreign.onnx");
+    common::run_python_code(&format!(
+        "import onnx; m = onnx.load({:?}); del m.metadata_props[:]; onnx.save(m, {:?})",
+        s(&export("model.onnx", "")),
+        s(&foreign)
+    ));
+    bad(&foreign, &[], "no 'classes' in its metadata");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(["predict", "--checkpoint", s(&probs_file), s(&data), "--out", s(&out)])
+        .env("ORT_DYLIB_PATH", d.path().join("no-such-library.so"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: ORT_DYLIB_PATH=") && stderr.trim_end().lines().count() == 1, "{stderr}");
 }
 
 #[test]
@@ -302,6 +466,10 @@ fn bad_export_input_is_one_line_and_exit_2_and_writes_nothing() {
     common::expect_user_error(
         &["export", "--checkpoint", s(d.path()), "--format", "torchscript", "--opset", "17", "--out", o],
         "--opset is for --format onnx",
+    );
+    common::expect_user_error(
+        &["export", "--checkpoint", s(d.path()), "--format", "torchscript", "--with-resize", "--out", o],
+        "--with-resize is for --format onnx",
     );
     assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "something was written");
 }

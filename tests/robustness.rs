@@ -522,7 +522,7 @@ fn no_pickle_or_torchscript_loader_in_the_code() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let allowed = [
         ("csrc/export.cpp", "namespace jit = torch::jit;"),
-        ("src/export/torchscript.rs", "use tch::{CModule, Kind, Tensor};"),
+        ("src/export/torchscript.rs", "use tch::{CModule, Tensor};"),
         ("src/export/torchscript.rs", "let module = CModule::load(file).context(\"reading the traced module back\")?;"),
     ];
     let mut seen = vec![false; allowed.len()];

@@ -100,6 +100,9 @@ def main():
         f"License: {package['license']}",
         "Requires-Python: >=3.9",
         f"Requires-Dist: torch=={'.'.join(build['libtorch'].split('.')[:2])}.*",
+        # `ringtrain predict` on an exported .onnx file loads ONNX Runtime's library from here.
+        "Provides-Extra: onnx",
+        'Requires-Dist: onnxruntime>=1.20; extra == "onnx"',
     ]
     members += [
         (f"{dist_info}/METADATA", ("\n".join(meta) + "\n").encode(), 0o644),

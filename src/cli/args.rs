@@ -76,8 +76,9 @@ pub enum Command {
     ///
     /// The file takes the evaluation's input size (the checkpoint's centre crop): normalised
     /// float [N, 3, H, W], or with --with-preprocess uint8 [N, H, W, 3] pixels, resized and
-    /// cropped as `ringtrain eval` does. It is run at two batch sizes against the checkpoint
-    /// before it is kept.
+    /// cropped as `ringtrain eval` does (with --with-resize, of any size). It is run at two
+    /// batch sizes against the checkpoint before it is kept (ONNX in ONNX Runtime, where it
+    /// loads). `ringtrain predict --checkpoint FILE.onnx` predicts with the file.
     Export(ExportArgs),
     /// Compare training runs: each run's best validation top-1 (its epoch, macro-F1), epochs,
     /// time and images/s, then the configuration keys that differ between them.
@@ -410,7 +411,8 @@ pub struct InferArgs {
 
 #[derive(Args)]
 pub struct PredictArgs {
-    /// A checkpoint directory (e.g. runs/x/best).
+    /// A checkpoint directory (e.g. runs/x/best), or an ONNX file `ringtrain export` wrote (run
+    /// on the CPU by ONNX Runtime, with the classes and preprocessing of its metadata).
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Image files, flat folders or ImageFolder trees; or one pack or set of tar shards.
@@ -443,7 +445,7 @@ pub struct ExportArgs {
     /// The file to write; labels.txt goes beside it.
     #[arg(long)]
     pub out: PathBuf,
-    /// The ONNX opset to write, 13 to 22 [default: 17].
+    /// The ONNX opset to write, 13 to 22 [default: 17; 18 with --with-resize].
     #[arg(long)]
     pub opset: Option<i64>,
     /// fp16 weights and arithmetic (input and output float16).
@@ -452,6 +454,11 @@ pub struct ExportArgs {
     /// Take uint8 RGB images [N, H, W, 3] and normalise them inside the graph.
     #[arg(long)]
     pub with_preprocess: bool,
+    /// Take uint8 RGB images of any size [N, H, W, 3] (one size per batch), resized and
+    /// centre-cropped inside the graph as the evaluation does, then normalised (ONNX at opset 18
+    /// or newer, for Resize's antialiasing; bilinear or bicubic checkpoints).
+    #[arg(long)]
+    pub with_resize: bool,
     /// Give probabilities (softmax) instead of logits.
     #[arg(long)]
     pub softmax: bool,

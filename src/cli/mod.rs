@@ -196,16 +196,27 @@ fn export(args: &ExportArgs) -> Result<()> {
     if args.opset.is_some() && args.format != crate::export::ExportFormat::Onnx {
         bail_user!("--opset is for --format onnx");
     }
+    if args.with_resize && args.format != crate::export::ExportFormat::Onnx {
+        bail_user!("--with-resize is for --format onnx (a traced TorchScript file keeps the size it was traced at)");
+    }
     let s = crate::export::export(&crate::export::ExportOptions {
         checkpoint: args.checkpoint.clone(),
         format: args.format,
         out: args.out.clone(),
-        opset: args.opset.unwrap_or(crate::export::DEFAULT_OPSET),
+        // Resize's antialiasing came with opset 18.
+        opset: args.opset.unwrap_or(if args.with_resize { 18 } else { crate::export::DEFAULT_OPSET }),
         half: args.half,
         with_preprocess: args.with_preprocess,
+        with_resize: args.with_resize,
         softmax: args.softmax,
     })?;
     let field = |k: &str| s.metadata.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str()).unwrap_or("");
+    if let Some(why) = &s.not_run {
+        crate::report::progress::warn(&format!(
+            "{} was not run in ONNX Runtime before it was kept: {why}",
+            s.out.display()
+        ));
+    }
     say!("wrote {} ({}), and {}", s.out.display(), args.format, s.labels.display());
     say!("  input:  {}", field("input"));
     say!("  output: {}", field("output"));
@@ -220,7 +231,7 @@ fn predict(args: &PredictArgs) -> Result<()> {
         topk: args.topk,
         logits: args.logits,
         batch_size: args.infer.batch_size,
-        device: args.infer.device.resolve()?,
+        device: args.infer.device,
         workers: workers(args.infer.workers),
         interpolation: args.infer.interpolation,
     })?;
@@ -258,11 +269,19 @@ fn predict(args: &PredictArgs) -> Result<()> {
         .accuracy()
         .map(|(a, n)| format!("; accuracy {:.2}% on {n} labelled images", 100.0 * a))
         .unwrap_or_default();
+    let n = s.predictions.len() as f64;
     say!(
         "{} images predicted, {} unreadable{acc}; CSV: {}",
         s.predictions.len(),
         s.unreadable.len(),
         args.out.display()
+    );
+    say!(
+        "{:.1} images/s ({:.2} s), the model alone {:.1} images/s ({:.2} s)",
+        n / s.seconds.max(1e-9),
+        s.seconds,
+        n / s.model_seconds.max(1e-9),
+        s.model_seconds
     );
     Ok(())
 }

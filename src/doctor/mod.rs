@@ -92,6 +92,7 @@ fn build() -> Vec<Check> {
     ))];
     c.push(libtorch());
     c.push(ok(format!("fused kernels (--fused-norm): {}", crate::model::fused::describe())));
+    c.push(onnx_runtime());
     if !shim::built_with_cuda() {
         return c;
     }
@@ -157,6 +158,17 @@ fn libtorch() -> Check {
     }
 }
 
+/// ONNX Runtime's library, which `predict` runs .onnx files with and `export` checks them in.
+fn onnx_runtime() -> Check {
+    match crate::infer::onnx::runtime_library() {
+        Ok(lib) => ok(format!("ONNX Runtime {} (predict and export run .onnx files in it)", lib.display())),
+        Err(e) => warning(
+            format!("{e:#}"),
+            "needed only for .onnx files: pip install onnxruntime beside torch, or set ORT_DYLIB_PATH",
+        ),
+    }
+}
+
 fn same_dir(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -165,7 +177,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 }
 
 /// The path of a shared library mapped into this process, from /proc/self/maps.
-fn loaded_library(name: &str) -> Option<std::path::PathBuf> {
+pub(crate) fn loaded_library(name: &str) -> Option<std::path::PathBuf> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     maps.lines()
         .filter_map(|l| l.split_whitespace().nth(5))

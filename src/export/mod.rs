@@ -3,8 +3,9 @@
 //!
 //! The exported graph is the model's evaluation forward pass with a dynamic batch dimension, at
 //! the checkpoint's evaluation size. `--with-preprocess` puts the normalisation inside it (uint8
-//! NHWC images in, as decoded, resized and centre-cropped), `--softmax` the probabilities at its
-//! end, `--half` runs it in fp16.
+//! NHWC images in, as decoded, resized and centre-cropped), `--with-resize` the resize and crop
+//! too (ONNX: images of any size in), `--softmax` the probabilities at its end, `--half` runs it
+//! in fp16.
 pub mod onnx;
 pub mod torchscript;
 
@@ -16,6 +17,7 @@ use sha2::{Digest, Sha256};
 use tch::{Device, Kind, Tensor};
 
 use crate::bail_user;
+use crate::data::augment::transform::Interpolation;
 use crate::data::load::normalize::Normalizer;
 use crate::model::Model;
 use crate::shim::TracedWeight;
@@ -44,7 +46,18 @@ pub struct ExportOptions {
     pub opset: i64,
     pub half: bool,
     pub with_preprocess: bool,
+    /// The evaluation's resize and crop inside the graph too (ONNX only).
+    pub with_resize: bool,
     pub softmax: bool,
+}
+
+/// The evaluation's resize of the shorter side and centre crop, inside an ONNX graph: any image
+/// size in, the crop out (`onnx::resize`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InGraphResize {
+    /// The shorter side's length after the resize (the checkpoint's resize_size).
+    pub shorter_side: u32,
+    pub interpolation: Interpolation,
 }
 
 /// What the exported graph takes and gives, beside the model.
@@ -56,6 +69,9 @@ pub struct GraphOptions {
     pub with_preprocess: bool,
     /// Probabilities out instead of logits.
     pub softmax: bool,
+    /// uint8 [N, H, W, 3] of any size in, resized and cropped before the normalisation (with
+    /// `with_preprocess`; written by the ONNX writer, not traced).
+    pub resize: Option<InGraphResize>,
 }
 
 /// A weight of the exported graph under the name the file gives it.
@@ -180,6 +196,13 @@ impl<'a> ExportGraph<'a> {
     /// What the input is, in words and shape, for the file's metadata.
     pub fn input_description(&self) -> String {
         let s = self.size;
+        if let Some(r) = self.options.resize {
+            return format!(
+                "uint8 [N, H, W, 3]: RGB pixels 0-255 of any size (one per batch), the shorter side resized to {} \
+                 ({}, antialiased) and centre-cropped to {s} inside",
+                r.shorter_side, r.interpolation
+            );
+        }
         match (self.options.with_preprocess, self.options.half) {
             (true, _) => format!("uint8 [N, {s}, {s}, 3]: RGB pixels 0-255, resized and centre-cropped"),
             (false, half) => format!(
@@ -207,6 +230,9 @@ pub fn metadata(state: &CheckpointState, graph: &ExportGraph, checkpoint_sha256:
         ("input_size".into(), graph.size.to_string()),
         ("resize_size".into(), state.eval_resize.to_string()),
         ("interpolation".into(), state.interpolation.to_string()),
+        ("jpeg_decode".into(), jpeg_decode(state.config.torchvision_compat).into()),
+        ("softmax".into(), graph.options.softmax.to_string()),
+        ("resize_in_graph".into(), graph.options.resize.is_some().to_string()),
         ("mean".into(), json(&state.mean)),
         ("std".into(), json(&state.std)),
         ("checkpoint_sha256".into(), checkpoint_sha256.into()),
@@ -214,8 +240,58 @@ pub fn metadata(state: &CheckpointState, graph: &ExportGraph, checkpoint_sha256:
     ]
 }
 
+/// How the evaluation decoded JPEGs: "whole" (every one at full size, as PIL does: runs with
+/// `--torchvision-compat`), or "scaled" (one whose crop is shrunk 8x or more decoded at 1/8 of
+/// its size in the DCT domain, unless the filter is nearest).
+pub fn jpeg_decode(whole: bool) -> &'static str {
+    match whole {
+        true => "whole",
+        false => "scaled",
+    }
+}
+
 fn json<T: serde::Serialize + ?Sized>(v: &T) -> String {
     serde_json::to_string(v).expect("strings and numbers serialise")
+}
+
+/// `--with-resize`'s resize, where ONNX can write it as the evaluation does it: Resize's
+/// antialiasing came with opset 18, and its nearest neighbour is not PIL's.
+fn in_graph_resize(o: &ExportOptions, state: &CheckpointState, crop: u32) -> Result<InGraphResize> {
+    if o.opset < 18 {
+        bail_user!("--with-resize needs --opset 18 or newer (Resize's antialiasing), not {}", o.opset);
+    }
+    if state.interpolation == Interpolation::Nearest {
+        bail_user!(
+            "--with-resize: the checkpoint resizes with nearest neighbour, which ONNX's Resize does not do as PIL \
+             does; export with --with-preprocess and resize before the graph"
+        );
+    }
+    if state.eval_resize < crop {
+        bail_user!(
+            "--with-resize: the checkpoint's resize ({}) is smaller than its crop ({crop})",
+            state.eval_resize
+        );
+    }
+    Ok(InGraphResize { shorter_side: state.eval_resize, interpolation: state.interpolation })
+}
+
+/// `got` (a written file's outputs at `batch` images) within `bound` of `want` (the eager
+/// model's), relative to the largest of `want`; else an error that names `what`.
+fn same_outputs(what: &str, got: &Tensor, want: &Tensor, batch: i64, bound: f64) -> Result<()> {
+    let largest = want.abs().max().to_kind(Kind::Double).double_value(&[]).max(f64::MIN_POSITIVE);
+    let off = match got.size() == want.size() {
+        true => (got.to_kind(Kind::Double) - want.to_kind(Kind::Double)).abs().max().double_value(&[]) / largest,
+        false => f64::INFINITY,
+    };
+    if off.is_nan() || off > bound {
+        anyhow::bail!(
+            "{what} does not reproduce the model at batch {batch} (output {:?} against {:?}, {off:.2e} of the \
+             largest): a bug, please report it",
+            got.size(),
+            want.size()
+        );
+    }
+    Ok(())
 }
 
 /// The hex SHA-256 of a checkpoint's weights file, to tie an exported file to its checkpoint.
@@ -230,6 +306,8 @@ pub struct ExportSummary {
     pub out: PathBuf,
     pub labels: PathBuf,
     pub metadata: Vec<(String, String)>,
+    /// Why an ONNX file was not run in ONNX Runtime before it was kept (it cannot be loaded here).
+    pub not_run: Option<String>,
 }
 
 pub fn export(o: &ExportOptions) -> Result<ExportSummary> {
@@ -239,31 +317,38 @@ pub fn export(o: &ExportOptions) -> Result<ExportSummary> {
     if o.out.is_dir() {
         bail_user!("--out {} is a directory: name the file to write", o.out.display());
     }
+    let state = checkpoint::load_state(&o.checkpoint)?;
+    let size = state.val_crop_size.unwrap_or(state.img_size);
+    let resize = match o.with_resize {
+        true => Some(in_graph_resize(o, &state, size)?),
+        false => None,
+    };
     let (mut model, state) = checkpoint::load(&o.checkpoint, Device::Cpu)?;
     if o.half {
         model.vs.half();
     }
     let options = GraphOptions {
         half: o.half,
-        with_preprocess: o.with_preprocess,
+        with_preprocess: o.with_preprocess || o.with_resize,
         softmax: o.softmax,
+        resize,
     };
-    let size = state.val_crop_size.unwrap_or(state.img_size);
     let graph = ExportGraph::new(&model, options, state.mean3(), state.std3(), size);
     let sha = file_sha256(&o.checkpoint.join(checkpoint::MODEL_FILE))?;
     let metadata = metadata(&state, &graph, &sha);
     if let Some(parent) = o.out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;
     }
-    match o.format {
-        ExportFormat::TorchScript => torchscript::write(&graph, &metadata, &o.out)?,
+    let not_run = match o.format {
+        ExportFormat::TorchScript => torchscript::write(&graph, &metadata, &o.out).map(|()| None)?,
         ExportFormat::Onnx => onnx::write(&graph, &metadata, o.opset, &o.out)?,
-    }
+    };
     let labels = o.out.with_file_name("labels.txt");
     crate::atomic::write_file(&labels, (state.classes.join("\n") + "\n").as_bytes())?;
     Ok(ExportSummary {
         out: o.out.clone(),
         labels,
         metadata,
+        not_run,
     })
 }

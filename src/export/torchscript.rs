@@ -6,8 +6,8 @@
 //! and run at two batch sizes before it is kept: a shape fixed by the trace would show there.
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use tch::{CModule, Kind, Tensor};
+use anyhow::{Context, Result};
+use tch::{CModule, Tensor};
 
 use super::{ExportGraph, NamedWeight};
 use crate::atomic;
@@ -34,21 +34,9 @@ fn check(graph: &ExportGraph, file: &Path) -> Result<()> {
         let (want, got) = tch::no_grad(|| -> Result<(Tensor, Tensor)> {
             Ok((graph.forward(&x), module.forward_ts(&[&x])?))
         })?;
-        let largest = want.abs().max().to_kind(Kind::Double).double_value(&[]).max(f64::MIN_POSITIVE);
-        let off = match got.size() == want.size() {
-            true => (got.to_kind(Kind::Double) - want.to_kind(Kind::Double)).abs().max().double_value(&[]) / largest,
-            false => f64::INFINITY,
-        };
         // The same operations on the same kernels: anything beyond rounding is a fixed shape.
         let bound = if graph.options.half { 1e-2 } else { 1e-4 };
-        if off.is_nan() || off > bound {
-            bail!(
-                "the traced graph does not reproduce the model at batch {batch} (output {:?} against {:?}, \
-                 {off:.2e} of the largest): a bug, please report it",
-                got.size(),
-                want.size()
-            );
-        }
+        super::same_outputs("the traced graph", &got, &want, batch, bound)?;
     }
     Ok(())
 }

@@ -2,4 +2,5 @@
 //! `ringtrain eval`), `predict` on any images (`ringtrain predict`). Both preprocess as the
 //! checkpoint's run evaluated.
 pub mod evaluate;
+pub mod onnx;
 pub mod predict;

@@ -1,17 +1,26 @@
 //! `ringtrain predict`: class probabilities for image files, flat folders or ImageFolder trees,
-//! with the checkpoint's own preprocessing. Unreadable files are reported and skipped.
+//! with the checkpoint's own preprocessing; or with an exported ONNX file's, run by ONNX Runtime
+//! (`onnx`). Unreadable files are reported and skipped.
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::Result;
-use tch::{Device, Kind};
+use image::RgbImage;
+use rayon::prelude::*;
+use tch::{Device, Kind, Tensor};
 
 use crate::atomic;
 use crate::bail_user;
-use crate::data::augment::transform::Interpolation;
+use crate::data::augment::transform::{Interpolation, Transform};
 use crate::data::load::loader::{Loader, LoaderOptions};
 use crate::data::load::normalize::Normalizer;
+use crate::data::load::sample::{decode_sample, Batch};
 use crate::data::source::common::{is_image_file, walk_images};
 use crate::data::source::{Dataset, Samples};
+use crate::device::DeviceSpec;
+use crate::infer::onnx::{self, OnnxModel};
+use crate::model::Model;
 use crate::train::lifecycle::checkpoint;
 
 /// The images to predict, with their true class where the input was an ImageFolder tree whose
@@ -102,6 +111,7 @@ fn set_inputs(path: &Path, classes: &[String]) -> Result<(Inputs, Samples)> {
 }
 
 pub struct PredictOptions {
+    /// A checkpoint directory (e.g. runs/x/best), or an ONNX file `ringtrain export` wrote.
     pub checkpoint: PathBuf,
     pub inputs: Vec<PathBuf>,
     pub out: PathBuf,
@@ -109,7 +119,7 @@ pub struct PredictOptions {
     /// Keep every class's logit (written as logit_<class> columns).
     pub logits: bool,
     pub batch_size: usize,
-    pub device: Device,
+    pub device: DeviceSpec,
     pub workers: usize,
     /// The resize filter; None: the run's (the checkpoint's).
     pub interpolation: Option<Interpolation>,
@@ -129,6 +139,10 @@ pub struct PredictSummary {
     pub predictions: Vec<Prediction>,
     pub unreadable: Vec<(PathBuf, String)>,
     pub classes: Vec<String>,
+    /// Seconds from the first batch asked of the loader to the last prediction.
+    pub seconds: f64,
+    /// Of those, the seconds in the model (its input in, its output back on the host).
+    pub model_seconds: f64,
 }
 
 impl PredictSummary {
@@ -142,62 +156,198 @@ impl PredictSummary {
     }
 }
 
+/// What predicts: a checkpoint's model in libtorch, or an exported file in ONNX Runtime.
+enum Predictor {
+    Checkpoint { model: Model, normalize: Normalizer },
+    Onnx(OnnxModel),
+}
+
+impl Predictor {
+    /// A loader's batch → the output, f32 [N, classes] on the CPU.
+    fn forward(&mut self, images: &Tensor) -> Result<Tensor> {
+        match self {
+            Predictor::Checkpoint { model, normalize } => {
+                let x = normalize.apply(images);
+                Ok(model.forward(&x, false).to_kind(Kind::Float).to_device(Device::Cpu))
+            }
+            Predictor::Onnx(m) => m.forward(images),
+        }
+    }
+}
+
+/// What predicting takes from a checkpoint or an exported file, beside the model.
+struct Preprocess {
+    classes: Vec<String>,
+    transform: Transform,
+    whole_jpeg: bool,
+    /// Normalised by the loader's workers (else uint8 pixels handed to the model).
+    normalize: Option<Normalizer>,
+    /// The model gives probabilities, not logits.
+    softmax: bool,
+    /// The model takes images whole, as decoded, and resizes them itself.
+    whole_images: bool,
+}
+
+fn open(o: &PredictOptions) -> Result<(Predictor, Preprocess)> {
+    if onnx::is_onnx_file(&o.checkpoint) {
+        if let DeviceSpec::Cuda(_) = o.device {
+            bail_user!(
+                "--device {}: ONNX files run on the CPU (ONNX Runtime's CPU build); predict on the checkpoint \
+                 directory to use a GPU",
+                o.device
+            );
+        }
+        let model = OnnxModel::open(&o.checkpoint, o.workers)?;
+        let m = &model.meta;
+        if o.logits && m.softmax {
+            bail_user!(
+                "--logits: {} gives probabilities (exported with --softmax), not logits",
+                o.checkpoint.display()
+            );
+        }
+        if let (Some(filter), true) = (o.interpolation, m.resize_in_graph) {
+            bail_user!(
+                "--interpolation {filter}: {} resizes inside its graph, with its own filter ({})",
+                o.checkpoint.display(),
+                m.interpolation
+            );
+        }
+        let pre = Preprocess {
+            classes: m.classes.clone(),
+            transform: m.eval_transform(o.interpolation),
+            whole_jpeg: m.whole_jpeg,
+            normalize: model.takes_normalised().then(|| Normalizer::new(m.mean, m.std, Device::Cpu)),
+            softmax: m.softmax,
+            whole_images: m.resize_in_graph,
+        };
+        return Ok((Predictor::Onnx(model), pre));
+    }
+    if o.checkpoint.is_file() {
+        bail_user!(
+            "--checkpoint {} is a file: give a checkpoint directory (e.g. runs/x/best) or an ONNX file (.onnx) \
+             that `ringtrain export` wrote",
+            o.checkpoint.display()
+        );
+    }
+    let device = o.device.resolve()?;
+    let (model, state) = checkpoint::load(&o.checkpoint, device)?;
+    let normalize = Normalizer::new(state.mean3(), state.std3(), device);
+    let pre = Preprocess {
+        transform: state.eval_transform(o.interpolation),
+        whole_jpeg: state.config.torchvision_compat,
+        normalize: Some(normalize.shallow_clone()),
+        classes: state.classes,
+        softmax: false,
+        whole_images: false,
+    };
+    Ok((Predictor::Checkpoint { model, normalize }, pre))
+}
+
 pub fn predict(o: &PredictOptions) -> Result<PredictSummary> {
     if o.topk == 0 || o.batch_size == 0 {
         bail_user!("--topk and --batch-size must be at least 1");
     }
-    let (model, state) = checkpoint::load(&o.checkpoint, o.device)?;
+    let (mut predictor, pre) = open(o)?;
+    let classes = &pre.classes;
     let (inputs, samples) = match o.inputs.as_slice() {
-        [one] if is_set(one) => set_inputs(one, &state.classes)?,
+        [one] if is_set(one) => set_inputs(one, classes)?,
         _ => {
-            let inputs = collect_inputs(&o.inputs, &state.classes)?;
+            let inputs = collect_inputs(&o.inputs, classes)?;
             let samples: Vec<(PathBuf, usize)> = inputs.paths.iter().map(|p| (p.clone(), 0)).collect();
             (inputs, samples.into())
         }
     };
-    let normalize = Normalizer::new(state.mean3(), state.std3(), o.device);
-    let loader = Loader::new(
-        samples,
-        state.eval_transform(o.interpolation),
-        LoaderOptions {
-            whole_jpeg: state.config.torchvision_compat,
-            ..LoaderOptions::in_order(o.batch_size, o.workers).for_device(&normalize)
-        },
-    )?;
-    let k = o.topk.min(state.classes.len());
+    let n = classes.len();
+    let k = o.topk.min(n);
     let mut predictions = Vec::new();
-    let unreadable = tch::no_grad(|| {
-        loader.each_readable_batch(|batch| {
-            let x = normalize.apply(&batch.images);
-            let logits = model.forward(&x, false).to_kind(Kind::Float);
-            let probs = logits.softmax(-1, Kind::Float);
-            let (p, idx) = probs.topk(k as i64, 1, true, true);
-            let all = match o.logits {
-                true => Some(Vec::<f32>::try_from(logits.to_device(Device::Cpu).flatten(0, -1))?),
-                false => None,
+    let started = Instant::now();
+    let mut model_seconds = 0.0;
+    let mut each_batch = |batch: &Batch| -> Result<()> {
+        let t = Instant::now();
+        let out = predictor.forward(&batch.images)?;
+        model_seconds += t.elapsed().as_secs_f64();
+        let probs = match pre.softmax {
+            true => out.shallow_clone(),
+            false => out.softmax(-1, Kind::Float),
+        };
+        let (p, idx) = probs.topk(k as i64, 1, true, true);
+        let all = match o.logits {
+            true => Some(Vec::<f32>::try_from(out.flatten(0, -1))?),
+            false => None,
+        };
+        let p = Vec::<f64>::try_from(p.to_kind(Kind::Double).flatten(0, -1))?;
+        let idx = Vec::<i64>::try_from(idx.flatten(0, -1))?;
+        for (row, &i) in batch.indices.iter().enumerate() {
+            let top = (0..k).map(|j| (idx[row * k + j] as usize, p[row * k + j])).collect();
+            let prediction = Prediction {
+                path: inputs.paths[i].clone(),
+                label: inputs.labels[i],
+                top,
+                logits: all.as_ref().map(|v| v[row * n..(row + 1) * n].to_vec()),
             };
-            let n = state.classes.len();
-            let p = Vec::<f64>::try_from(p.to_kind(Kind::Double).to_device(Device::Cpu).flatten(0, -1))?;
-            let idx = Vec::<i64>::try_from(idx.to_device(Device::Cpu).flatten(0, -1))?;
-            for (row, &i) in batch.indices.iter().enumerate() {
-                let top = (0..k).map(|j| (idx[row * k + j] as usize, p[row * k + j])).collect();
-                predictions.push(Prediction {
-                    path: inputs.paths[i].clone(),
-                    label: inputs.labels[i],
-                    top,
-                    logits: all.as_ref().map(|v| v[row * n..(row + 1) * n].to_vec()),
-                });
-            }
-            Ok(())
-        })
+            predictions.push((i, prediction));
+        }
+        Ok(())
+    };
+    let unreadable = tch::no_grad(|| match pre.whole_images {
+        true => each_whole_image_batch(&samples, o.batch_size, o.workers, &mut each_batch),
+        false => {
+            let in_order = LoaderOptions::in_order(o.batch_size, o.workers);
+            let options = match &pre.normalize {
+                Some(n) => in_order.for_device(n),
+                None => in_order,
+            };
+            let options = LoaderOptions { whole_jpeg: pre.whole_jpeg, ..options };
+            Loader::new(samples, pre.transform.clone(), options)?.each_readable_batch(&mut each_batch)
+        }
     })?;
+    // In the inputs' order (whole images are batched by size).
+    predictions.sort_by_key(|(i, _)| *i);
     let summary = PredictSummary {
-        predictions,
+        predictions: predictions.into_iter().map(|(_, p)| p).collect(),
         unreadable,
-        classes: state.classes,
+        classes: pre.classes,
+        seconds: started.elapsed().as_secs_f64(),
+        model_seconds,
     };
     write_csv(&o.out, &summary, k)?;
     Ok(summary)
+}
+
+/// Every sample decoded whole, for a model that resizes images itself: batches of at most
+/// `batch_size` images of one size each, decoded by `workers` threads; the unreadable ones
+/// returned as the loader returns them.
+fn each_whole_image_batch(
+    samples: &Samples,
+    batch_size: usize,
+    workers: usize,
+    mut f: impl FnMut(&Batch) -> Result<()>,
+) -> Result<Vec<(PathBuf, String)>> {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(workers.max(1)).build()?;
+    let all: Vec<usize> = (0..samples.len()).collect();
+    let mut unreadable = Vec::new();
+    for chunk in all.chunks(batch_size) {
+        let decoded: Vec<Result<RgbImage>> =
+            pool.install(|| chunk.par_iter().map(|&i| Ok(decode_sample(samples, i, None)?.0)).collect());
+        let mut by_size: BTreeMap<(u32, u32), Vec<(usize, RgbImage)>> = BTreeMap::new();
+        for (&i, image) in chunk.iter().zip(decoded) {
+            match image {
+                Ok(image) => by_size.entry(image.dimensions()).or_default().push((i, image)),
+                Err(e) => unreadable.push((samples.path(i), e.root_cause().to_string())),
+            }
+        }
+        for ((w, h), images) in by_size {
+            let pixels: Vec<u8> = images.iter().flat_map(|(_, image)| image.as_raw().iter().copied()).collect();
+            let count = images.len() as i64;
+            f(&Batch {
+                images: Tensor::from_slice(&pixels).view([count, h as i64, w as i64, 3]),
+                labels: Tensor::zeros([count], (Kind::Int64, Device::Cpu)),
+                indices: images.iter().map(|(i, _)| *i).collect(),
+                unreadable: vec![],
+            })?;
+        }
+    }
+    Ok(unreadable)
 }
 
 /// path, predicted, probability, label, correct, then top-k class/probability pairs, then (with

@@ -19,6 +19,11 @@
                                             through FILE (TorchScript, or ONNX in ONNX
                                             Runtime); JSON: its outputs, one row per image, and
                                             whether its graph holds a tensor constant
+    export_reference.py resize-crops FILE IMAGE...
+                                            FILE (ONNX, --with-resize) on each image at six
+                                            sizes: its crops' largest and mean difference in
+                                            levels from torchvision's Resize + CenterCrop on
+                                            the PIL image
 """
 import glob
 import os
@@ -31,11 +36,12 @@ import onnx
 from onnx import numpy_helper
 import onnxruntime as ort
 import torch
+import torchvision.transforms.functional as F
 from PIL import Image
 from safetensors.torch import load_file
 
 KEYS = ["model", "classes", "input", "output", "input_size", "resize_size", "interpolation",
-        "mean", "std", "checkpoint_sha256", "ringtrain_version"]
+        "jpeg_decode", "softmax", "resize_in_graph", "mean", "std", "checkpoint_sha256", "ringtrain_version"]
 
 
 def rel(got, want):
@@ -139,6 +145,30 @@ def pixels(file, crop, images):
     print(json.dumps({"dtype": str(y.dtype), "rows": y.float().tolist(), "tensor_constants": "CONSTANTS." in m.code}))
 
 
+def resize_crops(file, images):
+    """The crops an ONNX file made with --with-resize gives its model (the value
+    resize.cropped), against torchvision's Resize + CenterCrop on the PIL image, for each image
+    at its own size and stretched to five others (wide, tall, odd, smaller than the resize)."""
+    m = onnx.load(file)
+    onnx.checker.check_model(m, full_check=True)
+    meta = {p.key: p.value for p in m.metadata_props}
+    resize, crop = int(meta["resize_size"]), int(meta["input_size"])
+    filt = F.InterpolationMode[meta["interpolation"].upper()]
+    m.graph.output.append(onnx.helper.make_tensor_value_info("resize.cropped", onnx.TensorProto.UINT8, None))
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    worst, total, count = 0, 0.0, 0
+    for p in images:
+        img = Image.open(p).convert("RGB")
+        for size in [img.size, (150, 150), (151, 97), (64, 203), (resize + 1, resize), (crop + 3, crop + 2)]:
+            im = img.resize(size, Image.Resampling.BICUBIC)
+            want = np.array(F.center_crop(F.resize(im, resize, interpolation=filt), crop)).astype(int)
+            got = session.run(None, {"input": np.array(im)[None]})[1][0].astype(int)
+            assert got.shape == want.shape, (got.shape, want.shape)
+            d = np.abs(got - want)
+            worst, total, count = max(worst, int(d.max())), total + float(d.sum()), count + d.size
+    print(json.dumps({"worst": worst, "mean": total / count, "crops": len(images) * 6}))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "check":
@@ -147,5 +177,7 @@ if __name__ == "__main__":
         check_metadata(sys.argv[2])
     elif cmd == "pixels":
         pixels(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    elif cmd == "resize-crops":
+        resize_crops(sys.argv[2], sys.argv[3:])
     else:
         sys.exit(f"unknown command {cmd}")

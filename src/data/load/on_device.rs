@@ -24,17 +24,17 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use image::RgbImage;
 use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
 use super::normalize::Normalizer;
-use super::sample::{load_sample, Batch};
+use super::sample::{decode_sample, load_sample, Batch};
 use crate::bail_user;
 use crate::data::augment::transform::{Interpolation, Moves, Transform};
 use crate::data::pixels::CropBox;
-use crate::data::source::{Samples, Stored};
+use crate::data::source::Samples;
 use crate::seeds;
 
 /// What loading a set needs besides its samples and transform.
@@ -223,35 +223,19 @@ impl DeviceSet {
 fn prepare(samples: &Samples, i: usize, t: &Transform, canvas: bool, whole_jpeg: bool) -> Result<RgbImage> {
     let size = t.size();
     if canvas {
-        return Ok(decode(samples, i, None)?.0);
+        return Ok(decode_sample(samples, i, None)?.0);
     }
     let mut out = RgbImage::new(size, size);
     match t {
         // The resize that precedes the padded crop: the whole image to size×size, decoded as
         // the host decodes it (a JPEG at 1/8 size when that still holds the output's pixels).
         Transform::Train { .. } => {
-            let (img, whole) = decode(samples, i, t.jpeg_shrink_to().filter(|_| !whole_jpeg))?;
+            let (img, whole) = decode_sample(samples, i, t.jpeg_shrink_to().filter(|_| !whole_jpeg))?;
             t.resize_into((&img).into(), whole, &mut out)?;
         }
         Transform::Eval { .. } => load_sample(samples, (i, i), t, (0, 0), whole_jpeg, None, &mut out)?,
     }
     Ok(out)
-}
-
-/// Sample `i` decoded, with the whole image's box in its pixels: whole, or (`shrink_to`) as
-/// `decode_bytes_for` shrinks a JPEG whose whole image becomes `shrink_to` pixels wide.
-fn decode(samples: &Samples, i: usize, shrink_to: Option<u32>) -> Result<(RgbImage, CropBox)> {
-    match samples.read(i)? {
-        Stored::Raw(v) => {
-            let img = RgbImage::from_raw(v.width, v.height, v.px.to_vec()).expect("a pack's sizes are checked");
-            Ok((img, CropBox::whole(v.width, v.height)))
-        }
-        Stored::Encoded(bytes) => {
-            let path = samples.path(i);
-            crate::data::decode::decode_bytes_for(&bytes, &path, shrink_to, CropBox::whole)
-                .with_context(|| format!("loading {}", path.display()))
-        }
-    }
 }
 
 /// CIFAR's RandomCrop(size, padding=pad) + flip of uint8 [B,S,S,3] images as one gather from the

@@ -3,12 +3,13 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use image::RgbImage;
 use tch::Tensor;
 
 use super::cache::Cache;
 use crate::data::augment::transform::Transform;
 use crate::data::decode::decode_bytes_for;
-use crate::data::pixels::RgbView;
+use crate::data::pixels::{CropBox, RgbView};
 use crate::data::source::{Samples, Stored};
 use crate::seeds;
 
@@ -56,4 +57,20 @@ pub fn load_sample(
         c.put(i, img.width(), img.height(), img.into_raw());
     }
     Ok(())
+}
+
+/// Sample `i` decoded, with the whole image's box in its pixels: whole, or (`shrink_to`) as
+/// `decode_bytes_for` shrinks a JPEG whose whole image becomes `shrink_to` pixels wide.
+pub fn decode_sample(samples: &Samples, i: usize, shrink_to: Option<u32>) -> Result<(RgbImage, CropBox)> {
+    match samples.read(i)? {
+        Stored::Raw(v) => {
+            let img = RgbImage::from_raw(v.width, v.height, v.px.to_vec()).expect("a pack's sizes are checked");
+            Ok((img, CropBox::whole(v.width, v.height)))
+        }
+        Stored::Encoded(bytes) => {
+            let path = samples.path(i);
+            crate::data::decode::decode_bytes_for(&bytes, &path, shrink_to, CropBox::whole)
+                .with_context(|| format!("loading {}", path.display()))
+        }
+    }
 }

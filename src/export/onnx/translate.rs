@@ -40,8 +40,9 @@ fn needs_opset(op: &str) -> i64 {
 }
 
 impl<'g> Translation<'g> {
-    /// `weights`: the tensors the traced graph's weights name.
-    pub fn new(g: &'g TracedGraph, opset: i64, weights: &HashMap<&str, &Tensor>) -> Result<Self> {
+    /// `weights`: the tensors the traced graph's weights name; `input`: the ONNX name of the
+    /// traced graph's input (INPUT, or what nodes in front of it give).
+    pub fn new(g: &'g TracedGraph, opset: i64, weights: &HashMap<&str, &Tensor>, input: &str) -> Result<Self> {
         let mut t = Translation {
             g,
             opset,
@@ -52,7 +53,7 @@ impl<'g> Translation<'g> {
             lists: HashMap::new(),
             fresh: 0,
         };
-        t.names.insert(g.input, INPUT.to_string());
+        t.names.insert(g.input, input.to_string());
         // The weights the graph reads (BatchNorm's step counts, for one, it does not).
         let read: std::collections::HashSet<ValueId> = g.nodes.iter().flat_map(|n| n.inputs.iter().copied()).collect();
         let mut used: Vec<(&ValueId, &String)> = g.weights.iter().filter(|(id, _)| read.contains(id)).collect();
