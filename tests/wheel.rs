@@ -184,10 +184,13 @@ fn pip_installs_the_wheel_whose_command_finds_torch_trains_and_uninstalls_cleanl
     std::fs::write(&pth, format!("{setup_site}\n")).unwrap();
     let before = files(&venv);
 
-    let o = pip(&venv, &["install", "--no-index", "--no-cache-dir", whl.to_str().unwrap()]);
+    // With the extra that `predict` on .onnx files needs (ONNX Runtime, also set up beside torch).
+    let with_onnx = format!("{}[onnx]", whl.to_str().unwrap());
+    let o = pip(&venv, &["install", "--no-index", "--no-cache-dir", &with_onnx]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     assert!(out.contains(&format!("Requirement already satisfied: torch==2.11.* in {setup_site}")), "{out}");
+    assert!(out.contains(&format!("Requirement already satisfied: onnxruntime>=1.20 in {setup_site}")), "{out}");
 
     let cwd = d.path().join("elsewhere");
     std::fs::create_dir(&cwd).unwrap();
@@ -210,6 +213,9 @@ fn pip_installs_the_wheel_whose_command_finds_torch_trains_and_uninstalls_cleanl
     let o = launch(&command, &["doctor"], &cwd, &[]);
     let found = format!("found by the pip wheel's launcher: torch package at {setup_site}/torch");
     assert!(o.status.success() && text(&o).contains(&found), "{found:?} not in:\n{}", text(&o));
+    // and the ONNX Runtime library of the onnxruntime package beside that torch.
+    let ort = format!("ONNX Runtime {setup_site}/onnxruntime/capi/libonnxruntime.so");
+    assert!(text(&o).contains(&ort), "{ort:?} not in:\n{}", text(&o));
     // The man page and the completions come from the command (files under the venv's share/
     // would leave their folders behind after pip uninstall).
     for args in [&["man"][..], &["completions", "bash"][..]] {
