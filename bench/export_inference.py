@@ -70,7 +70,7 @@ def eager_model(state, weights):
     else:
         import timm
         m = timm.create_model(name, num_classes=classes)
-    m.load_state_dict(load_file(weights), strict=False)
+    m.load_state_dict(load_file(weights))
     return m.eval()
 
 

@@ -203,8 +203,10 @@ fn export(args: &ExportArgs) -> Result<()> {
         checkpoint: args.checkpoint.clone(),
         format: args.format,
         out: args.out.clone(),
-        // Resize's antialiasing came with opset 18.
-        opset: args.opset.unwrap_or(if args.with_resize { 18 } else { crate::export::DEFAULT_OPSET }),
+        opset: args.opset.unwrap_or(match args.with_resize {
+            true => crate::export::RESIZE_OPSET,
+            false => crate::export::DEFAULT_OPSET,
+        }),
         half: args.half,
         with_preprocess: args.with_preprocess,
         with_resize: args.with_resize,

@@ -36,6 +36,8 @@ crate::flag_enum! {
 /// The ONNX opsets `--opset` takes.
 pub const OPSETS: std::ops::RangeInclusive<i64> = 13..=22;
 pub const DEFAULT_OPSET: i64 = 17;
+/// The oldest opset `--with-resize` writes (and its default): Resize's antialiasing came with it.
+pub const RESIZE_OPSET: i64 = 18;
 
 pub struct ExportOptions {
     /// A checkpoint directory (e.g. runs/x/best).
@@ -257,8 +259,8 @@ fn json<T: serde::Serialize + ?Sized>(v: &T) -> String {
 /// `--with-resize`'s resize, where ONNX can write it as the evaluation does it: Resize's
 /// antialiasing came with opset 18, and its nearest neighbour is not PIL's.
 fn in_graph_resize(o: &ExportOptions, state: &CheckpointState, crop: u32) -> Result<InGraphResize> {
-    if o.opset < 18 {
-        bail_user!("--with-resize needs --opset 18 or newer (Resize's antialiasing), not {}", o.opset);
+    if o.opset < RESIZE_OPSET {
+        bail_user!("--with-resize needs --opset {RESIZE_OPSET} or newer (Resize's antialiasing), not {}", o.opset);
     }
     if state.interpolation == Interpolation::Nearest {
         bail_user!(

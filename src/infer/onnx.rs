@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use anyhow::Result;
 use ort::environment::Environment;
 use ort::session::Session;
-use ort::value::{TensorElementType, TensorRef, ValueType};
+use ort::value::{PrimitiveTensorElementType, TensorElementType, TensorRef, ValueType};
 use tch::{Kind, Tensor};
 
 use crate::bail_user;
@@ -102,38 +102,35 @@ impl OnnxSession {
             Input::Float => x.to_kind(Kind::Float).contiguous(),
             Input::Half => x.to_kind(Kind::Half).contiguous(),
         };
-        let shape = x.size();
-        let n = x.numel();
-        let name = self.session.inputs()[0].name().to_string();
-        let failed = |e: ort::Error| anyhow::anyhow!("ONNX Runtime failed on a batch: {e}");
-        // Views of the tensor's own memory, which outlives the run.
-        let outputs = match self.input {
-            Input::Pixels => {
-                let data = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const u8, n) };
-                let v = TensorRef::from_array_view((shape, data)).map_err(failed)?;
-                self.session.run(ort::inputs![name => v]).map_err(failed)?
-            }
-            Input::Float => {
-                let data = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const f32, n) };
-                let v = TensorRef::from_array_view((shape, data)).map_err(failed)?;
-                self.session.run(ort::inputs![name => v]).map_err(failed)?
-            }
-            Input::Half => {
-                let data = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const half::f16, n) };
-                let v = TensorRef::from_array_view((shape, data)).map_err(failed)?;
-                self.session.run(ort::inputs![name => v]).map_err(failed)?
-            }
-        };
-        let out = &outputs[0];
-        Ok(match out.try_extract_tensor::<f32>() {
-            Ok((shape, v)) => Tensor::from_slice(v).view(shape.to_vec().as_slice()),
-            Err(_) => {
-                let (shape, v) = out.try_extract_tensor::<half::f16>().map_err(failed)?;
-                let v: Vec<f32> = v.iter().map(|h| h.to_f32()).collect();
-                Tensor::from_slice(&v).view(shape.to_vec().as_slice())
-            }
-        })
+        match self.input {
+            Input::Pixels => run_as::<u8>(&mut self.session, &x),
+            Input::Float => run_as::<f32>(&mut self.session, &x),
+            Input::Half => run_as::<half::f16>(&mut self.session, &x),
+        }
     }
+}
+
+/// `session` on `x`, a contiguous tensor whose elements are `T`s, viewed in place; the output
+/// as f32.
+fn run_as<T>(session: &mut Session, x: &Tensor) -> Result<Tensor>
+where
+    T: PrimitiveTensorElementType + Clone + std::fmt::Debug + 'static,
+{
+    let failed = |e: ort::Error| anyhow::anyhow!("ONNX Runtime failed on a batch: {e}");
+    // SAFETY: `x` is contiguous, of `T`s (the caller converted it), and outlives the run.
+    let data = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const T, x.numel()) };
+    let view = TensorRef::from_array_view((x.size(), data)).map_err(failed)?;
+    let name = session.inputs()[0].name().to_string();
+    let outputs = session.run(ort::inputs![name => view]).map_err(failed)?;
+    let out = &outputs[0];
+    Ok(match out.try_extract_tensor::<f32>() {
+        Ok((shape, v)) => Tensor::from_slice(v).view(shape.to_vec().as_slice()),
+        Err(_) => {
+            let (shape, v) = out.try_extract_tensor::<half::f16>().map_err(failed)?;
+            let v: Vec<f32> = v.iter().map(|h| h.to_f32()).collect();
+            Tensor::from_slice(&v).view(shape.to_vec().as_slice())
+        }
+    })
 }
 
 /// An exported file with the metadata that predicting on it needs.
@@ -239,10 +236,11 @@ pub fn runtime_library() -> Result<&'static Path> {
 fn runtime_and_library() -> Result<&'static (Environment, PathBuf)> {
     static LOADED: OnceLock<std::result::Result<(Environment, PathBuf), String>> = OnceLock::new();
     let loaded = LOADED.get_or_init(|| {
-        let lib = library()?;
+        let found = library()?;
+        let lib = found.clone().unwrap_or_else(|| PathBuf::from("libonnxruntime.so"));
         let builder = match ort::init_from(&lib) {
             Ok(b) => b,
-            Err(_) if lib.parent().is_none_or(|p| p.as_os_str().is_empty()) => {
+            Err(_) if found.is_none() => {
                 return Err("ONNX Runtime not found: install the onnxruntime package beside torch (pip install \
                             onnxruntime), or set ORT_DYLIB_PATH to its libonnxruntime.so"
                     .into())
@@ -257,19 +255,18 @@ fn runtime_and_library() -> Result<&'static (Environment, PathBuf)> {
 
 /// ONNX Runtime's shared library: ORT_DYLIB_PATH (the `ort` crate's variable), else the
 /// onnxruntime package's beside the torch package whose libtorch this process runs on (one
-/// site-packages), else a bare libonnxruntime.so for the loader's own search.
-fn library() -> std::result::Result<PathBuf, String> {
+/// site-packages); None: neither, the loader's own search is left.
+fn library() -> std::result::Result<Option<PathBuf>, String> {
     if let Some(p) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         return match p.is_file() {
-            true => Ok(p),
+            true => Ok(Some(p)),
             false => Err(format!("ORT_DYLIB_PATH={} is not a file", p.display())),
         };
     }
-    let beside_torch = crate::doctor::loaded_library("libtorch_cpu.so")
+    Ok(crate::doctor::loaded_library("libtorch_cpu.so")
         .and_then(|lib| Some(lib.parent()?.parent()?.parent()?.join("onnxruntime/capi")))
-        .and_then(|dir| newest_library(&dir));
-    Ok(beside_torch.unwrap_or_else(|| PathBuf::from("libonnxruntime.so")))
+        .and_then(|dir| newest_library(&dir)))
 }
 
 /// libonnxruntime.so[.VERSION] in `dir`, the last by name if several.

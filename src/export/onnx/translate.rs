@@ -129,12 +129,12 @@ impl<'g> Translation<'g> {
             "flatten" => self.flatten(i, out)?,
             "unflatten" => self.unflatten(i, out)?,
             "permute" => {
-                let rank = self.g.tensor(i[0])?.sizes.len() as i64;
+                let rank = self.rank(i[0])?;
                 let perm: Vec<i64> = self.ints(i[1])?.iter().map(|&d| wrap(d, rank)).collect();
                 self.op("Transpose", &[i[0]], out, vec![AttributeProto::ints("perm", &perm)])?;
             }
             "transpose" => {
-                let rank = self.g.tensor(i[0])?.sizes.len() as i64;
+                let rank = self.rank(i[0])?;
                 let (a, b) = (wrap(self.int(i[1])?, rank), wrap(self.int(i[2])?, rank));
                 let mut perm: Vec<i64> = (0..rank).collect();
                 perm.swap(a as usize, b as usize);
@@ -145,7 +145,7 @@ impl<'g> Translation<'g> {
             "max_pool2d" => self.max_pool(i, out)?,
             "layer_norm" => self.layer_norm(i, out)?,
             "softmax" => {
-                let rank = self.g.tensor(i[0])?.sizes.len() as i64;
+                let rank = self.rank(i[0])?;
                 let axis = AttributeProto::int("axis", wrap(self.int(i[1])?, rank));
                 let from = self.g.tensor(i[0])?.dtype.clone();
                 match from == self.g.tensor(out)?.dtype {
@@ -159,7 +159,7 @@ impl<'g> Translation<'g> {
                 }
             }
             "mean" => {
-                let rank = self.g.tensor(i[0])?.sizes.len() as i64;
+                let rank = self.rank(i[0])?;
                 let axes: Vec<i64> = self.ints(i[1])?.iter().map(|&d| wrap(d, rank)).collect();
                 let keep = self.bool(i[2])?;
                 let x = self.name(i[0])?;
@@ -167,7 +167,7 @@ impl<'g> Translation<'g> {
                 self.reduce_mean(&x, &axes, keep, &y);
             }
             "narrow" => {
-                let rank = self.g.tensor(i[0])?.sizes.len() as i64;
+                let rank = self.rank(i[0])?;
                 let (dim, start, length) = (wrap(self.int(i[1])?, rank), self.int(i[2])?, self.int(i[3])?);
                 let x = self.name(i[0])?;
                 let (s, e, a) = (self.int64s(&[start]), self.int64s(&[start + length]), self.int64s(&[dim]));
@@ -175,7 +175,7 @@ impl<'g> Translation<'g> {
                 self.emit("Slice", &[&x, &s, &e, &a], &y, vec![]);
             }
             "select" => {
-                let rank = self.g.tensor(i[0])?.sizes.len() as i64;
+                let rank = self.rank(i[0])?;
                 let dim = wrap(self.int(i[1])?, rank);
                 let index = self.int64_scalar(self.int(i[2])?);
                 let x = self.name(i[0])?;
@@ -192,7 +192,7 @@ impl<'g> Translation<'g> {
             }
             "cat" => {
                 let parts = self.lists.get(&i[0]).context("cat of something other than a list")?.clone();
-                let rank = self.g.tensor(out)?.sizes.len() as i64;
+                let rank = self.rank(out)?;
                 let axis = wrap(self.int(i[1])?, rank);
                 let names = parts.iter().map(|&p| self.name(p)).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -609,6 +609,11 @@ impl<'g> Translation<'g> {
         let y = self.out_name(out);
         self.emit("Cast", &[name], &y, vec![AttributeProto::int("to", to as i64)]);
         Ok(())
+    }
+
+    /// A traced tensor's number of dimensions.
+    fn rank(&self, v: ValueId) -> Result<i64> {
+        Ok(self.g.tensor(v)?.sizes.len() as i64)
     }
 
     fn sizes(&self, v: ValueId) -> Result<Vec<i64>> {
