@@ -102,15 +102,21 @@ def timed(cmd, cold):
     return time.perf_counter() - t0
 
 
-def main():
+def arguments():
+    """The arguments this benchmark and bench/remote_data.py share."""
     ap = argparse.ArgumentParser()
     ap.add_argument("folder")
     ap.add_argument("shards")
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--cold", action="store_true")
     ap.add_argument("--repeat", type=int, default=2)
+    return ap
+
+
+def main():
+    ap = arguments()
+    ap.add_argument("--cold", action="store_true")
     a = ap.parse_args()
     if not glob.glob(os.path.join(a.shards, "train-*.tar")):
         make_shards(a.folder, a.shards)

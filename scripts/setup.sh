@@ -8,15 +8,15 @@
 #   RINGTRAIN_CACHE) holding libtorch 2.11.0 (the torch wheel: CPU + CUDA 13.0, cuDNN, NCCL),
 #   the CUDA headers the NCCL part of the shim compiles against, and the Python packages the tests
 #   use as independent references (torchvision, timm, webdataset, datasets, safetensors, scikit-learn,
-#   tensorboard, onnx, onnxruntime). torch brings Triton, which compiles ringtrain's fused kernels
-#   when it is built.
+#   tensorboard, onnx, onnxruntime, moto and boto3). torch brings Triton, which compiles
+#   ringtrain's fused kernels when it is built.
 #
 # Re-running it is cheap: each step checks a stamp first.
 set -euo pipefail
 
 CACHE="${RINGTRAIN_CACHE:-$HOME/.cache/ringtrain}"
 VENV="$CACHE/venv"
-STAMP="$VENV/.ringtrain-setup-v6"
+STAMP="$VENV/.ringtrain-setup-v7"
 PY_PACKAGES=(
   "torch==2.11.0"
   "torchvision==0.26.0"
@@ -35,6 +35,10 @@ PY_PACKAGES=(
   # The ONNX export's independent references: the checker and ONNX Runtime.
   "onnx==1.23.2"
   "onnxruntime==1.32.0"
+  # Remote data's tests: a real S3-compatible server on loopback (moto's server mode) and the
+  # provider's own client to upload to it.
+  "moto[s3,server]==5.2.5"
+  "boto3==1.44.8"
 )
 
 log() { echo "[setup] $*" >&2; }

@@ -123,8 +123,12 @@ pub struct TrainConfig {
     pub image_column: Option<String>,
     /// The label files' (parquet files') label column (tar shards: the label member's extension).
     pub label_column: Option<String>,
-    /// Tar shards and parquet files: the shuffle buffer over each rank's stream of samples.
+    /// Tar shards and parquet files: the shuffle buffer over each stream of samples.
     pub shuffle_buffer: usize,
+    /// Tar shards and parquet files: the streams an epoch's shards are dealt to.
+    pub shard_streams: usize,
+    /// Each rank writes the samples of every optimizer step to `samples/`.
+    pub log_samples: bool,
     pub out: PathBuf,
     pub model: ModelKind,
     pub img_size: u32,
@@ -331,6 +335,8 @@ impl Default for TrainConfig {
             image_column: None,
             label_column: None,
             shuffle_buffer: crate::data::load::loader::DEFAULT_SHUFFLE_BUFFER,
+            shard_streams: crate::data::load::loader::DEFAULT_SHARD_STREAMS,
+            log_samples: false,
             out: PathBuf::from("runs/train"),
             model: ModelKind::ResNet18,
             img_size: 224,
@@ -801,7 +807,8 @@ impl TrainConfig {
             if let Some(p) = path {
                 crate::data::source::refuse_remote(p, flag)?;
             }
-            if let Some(p) = path.as_ref().filter(|p| !p.exists() && !crate::data::source::is_sharded(p)) {
+            let local = |p: &&PathBuf| !crate::data::source::is_sharded(p) && !crate::data::source::is_remote(p);
+            if let Some(p) = path.as_ref().filter(|p| !p.exists()).filter(local) {
                 bail_user!("{flag} directory (or pack) does not exist: {}", p.display());
             }
         }
@@ -1051,6 +1058,9 @@ impl TrainConfig {
     fn check_loading(&self) -> Result<()> {
         if self.shuffle_buffer == 0 {
             bail_user!("--shuffle-buffer must be at least 1 (1 reads each shard in order)");
+        }
+        if self.shard_streams == 0 {
+            bail_user!("--shard-streams must be at least 1");
         }
         if self.val.is_none() && self.val_labels.is_none() && !(self.val_split > 0.0 && self.val_split < 1.0) {
             bail_user!(

@@ -27,6 +27,32 @@ pub fn is_user_error(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.is::<UserError>())
 }
 
+/// A user error no skipping may hide: the data could not be fetched from where it lies (an
+/// object store's or a web server's), so the loader stops the run instead of passing over the
+/// sample as an unreadable image, even without `--strict`.
+#[derive(Debug)]
+pub struct Unfetchable(pub UserError);
+
+impl fmt::Display for Unfetchable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Unfetchable {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+pub fn unfetchable(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Unfetchable(UserError(msg.into())))
+}
+
+pub fn is_unfetchable(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<Unfetchable>())
+}
+
 /// The first line of a message: libtorch's errors append a C++ stack trace after it, and Gloo's
 /// start with the source file that raised them (`[/pytorch/third_party/gloo/...cc:78] `).
 pub fn first_line(msg: &str) -> String {

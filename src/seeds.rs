@@ -22,15 +22,14 @@ pub fn shuffle(seed: u64, epoch: u64) -> ChaCha8Rng {
     sample(seed, epoch, u64::MAX)
 }
 
-/// The order of a sharded source's shards in an epoch (shared by all ranks, which then take
-/// every world-th shard).
+/// The order of a sharded source's shards in an epoch (shared by all ranks; dealt to streams).
 pub fn shard_order(seed: u64, epoch: u64) -> ChaCha8Rng {
     sample(seed, epoch, u64::MAX - 1)
 }
 
-/// Rank `rank`'s shuffle buffer over its shards' samples in an epoch.
-pub fn shuffle_buffer(seed: u64, epoch: u64, rank: u64) -> ChaCha8Rng {
-    sample(seed ^ 0x5348_5546_4642, epoch, rank)
+/// Stream `stream`'s shuffle buffer over its shards' samples in an epoch.
+pub fn shuffle_buffer(seed: u64, epoch: u64, stream: u64) -> ChaCha8Rng {
+    sample(seed ^ 0x5348_5546_4642, epoch, stream)
 }
 
 /// Which files of class `class` are held out for validation (`--val-split`, `ringtrain split`).

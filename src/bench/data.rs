@@ -144,7 +144,7 @@ pub fn run(o: &DataBenchOptions) -> Result<f64> {
 /// The same measurement of PyTorch's DataLoader by `script` (bench/torch_loader.py) in `python`,
 /// on the folder itself (a pack's source folder: PyTorch reads files).
 pub fn run_pytorch(o: &DataBenchOptions, python: &str, script: &Path) -> Result<f64> {
-    if o.data.labels.is_some() || crate::data::source::is_sharded(&o.data.path) {
+    if o.data.labels.is_some() || crate::data::source::is_sharded(&o.data.path) || crate::data::source::is_remote(&o.data.path) {
         bail_user!("--vs-pytorch compares PyTorch's ImageFolder: give --data a folder of class folders or a pack of one");
     }
     let folder = match o.data.path.is_file() {

@@ -179,6 +179,10 @@ pub struct DoctorArgs {
     /// The run directory (or any folder) whose disk should have room for checkpoints.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also check that this data can be read: a remote location (s3://, gs://, az://,
+    /// http(s)://) is listed and the start of its first object read; a local one is opened.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -225,6 +229,53 @@ pub struct SourceArgs {
     /// extension) [default: the second column; in tar shards cls; in parquet files label].
     #[arg(long)]
     pub label_column: Option<String>,
+    #[command(flatten)]
+    pub fetch: FetchArgs,
+}
+
+/// Where data fetched from object stores and web servers is kept on local disk.
+#[derive(Args, Clone, Debug, Default)]
+pub struct FetchArgs {
+    /// Keep the objects read from s3://, gs://, az:// and http(s):// locations in DIR, for the
+    /// next epoch and the next run (the ranks of a node may share it: each object is fetched
+    /// once) [default: a temporary folder, removed at exit].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// The most the cache may hold, e.g. 500G or 800M (least recently used objects go first)
+    /// [default: 80 % of --cache-dir's free space; 16G, or half the free space, for the
+    /// temporary folder].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub cache_max: Option<u64>,
+}
+
+impl FetchArgs {
+    pub fn options(&self) -> crate::data::remote::CacheOptions {
+        crate::data::remote::CacheOptions {
+            dir: self.cache_dir.clone(),
+            max_bytes: self.cache_max,
+        }
+    }
+}
+
+/// A size in bytes: a number, with K, M, G or T (powers of 1024) after it.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches(['b', 'B']);
+    let (number, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => (&t[..i], &t[i..]),
+        None => (t, ""),
+    };
+    let scale: u64 = match unit.to_ascii_uppercase().as_str() {
+        "" => 1,
+        "K" | "KI" => 1 << 10,
+        "M" | "MI" => 1 << 20,
+        "G" | "GI" => 1 << 30,
+        "T" | "TI" => 1 << 40,
+        _ => return Err(format!("'{s}' is not a size such as 500G or 800M")),
+    };
+    match number.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 => Ok((n * scale as f64) as u64),
+        _ => Err(format!("'{s}' is not a size such as 500G or 800M")),
+    }
 }
 
 impl SourceArgs {
@@ -432,6 +483,8 @@ pub struct PredictArgs {
     pub logits: bool,
     #[command(flatten)]
     pub infer: InferArgs,
+    #[command(flatten)]
+    pub fetch: FetchArgs,
 }
 
 #[derive(Args)]
@@ -535,6 +588,9 @@ pub struct TrainArgs {
     #[command(flatten)]
     #[serde(skip)]
     pub dist: DistArgs,
+    #[command(flatten)]
+    #[serde(skip)]
+    pub fetch: FetchArgs,
     /// TOML file with any of the options below (flag names with '_' for '-') [default: none].
     #[arg(long)]
     #[serde(skip)]
@@ -567,10 +623,19 @@ pub struct TrainArgs {
     /// extension).
     #[arg(long)]
     pub label_column: Option<String>,
-    /// Tar shards and parquet files: the shuffle buffer, in samples, over each rank's shards (as
-    /// WebDataset's .shuffle(N)); parquet's shards are its row groups.
+    /// Tar shards and parquet files: the shuffle buffer, in samples, over each stream of shards
+    /// (as WebDataset's .shuffle(N)); parquet's shards are its row groups.
     #[arg(long)]
     pub shuffle_buffer: Option<usize>,
+    /// Tar shards and parquet files: the streams an epoch's shards are dealt to, read side by
+    /// side into one order that does not depend on the number of ranks (MosaicML's canonical
+    /// nodes); up to this many ranks, or any number dividing it, read disjoint shards.
+    #[arg(long)]
+    pub shard_streams: Option<usize>,
+    /// Each rank writes the samples of every optimizer step to <out>/samples/ (epoch, step,
+    /// sample name): which images a run saw, across stops and resumptions.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub log_samples: Option<bool>,
     /// Run directory: config, checkpoints, metrics.
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -109,7 +109,7 @@ mod tests {
     use clap::{Args, FromArgMatches};
 
     use super::*;
-    use crate::cli::args::{Command as Sub, DistArgs};
+    use crate::cli::args::{Command as Sub, DistArgs, FetchArgs};
 
     fn subcommand(name: &str) -> Command {
         command().find_subcommand(name).unwrap().clone()
@@ -149,12 +149,15 @@ mod tests {
     }
 
     #[test]
-    fn every_train_flag_is_a_config_key_but_the_launch_flags_config_and_resume() {
+    fn every_train_flag_is_a_config_key_but_the_launch_and_cache_flags_config_and_resume() {
         let defaults = shown_defaults(&TrainConfig::default());
-        let launch: Vec<String> = DistArgs::augment_args(Command::new("launch"))
-            .get_arguments()
-            .map(|a| a.get_id().to_string())
-            .collect();
+        // Where and how the job runs on this machine, not what it trains: not recorded.
+        let ids = |c: Command| c.get_arguments().map(|a| a.get_id().to_string()).collect::<Vec<_>>();
+        let launch = [
+            ids(DistArgs::augment_args(Command::new("launch"))),
+            ids(FetchArgs::augment_args(Command::new("fetch"))),
+        ]
+        .concat();
         let mut seen = 0;
         for arg in subcommand("train").get_arguments() {
             let id = arg.get_id().as_str();

@@ -37,6 +37,9 @@ fn dispatch(cli: Cli) -> Result<()> {
         crate::outln!("{}", version());
         return Ok(());
     }
+    if let Some(fetch) = cli.command.as_ref().and_then(fetch_args) {
+        crate::data::remote::cache::configure(fetch.options());
+    }
     match cli.command {
         Some(Command::Train(args)) => train(&args),
         Some(Command::LrFind(args)) => lr_find::run(&args),
@@ -59,7 +62,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Some(Command::Convert(args)) => convert(&args),
-        Some(Command::Doctor(args)) => crate::doctor::run(args.out.as_deref()),
+        Some(Command::Doctor(args)) => crate::doctor::run(args.out.as_deref(), args.data.as_deref()),
         Some(Command::Completions { shell }) => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut defaults::command(), "ringtrain", &mut out);
@@ -73,6 +76,21 @@ fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         None => Err(user_error("no command given; try `ringtrain --help`")),
+    }
+}
+
+/// The remote data cache's flags of a command that reads data.
+fn fetch_args(command: &Command) -> Option<&args::FetchArgs> {
+    match command {
+        Command::Train(a) => Some(&a.fetch),
+        Command::ShowBatch(a) => Some(&a.train.fetch),
+        Command::LrFind(a) => Some(&a.train.fetch),
+        Command::Eval(a) => Some(&a.source.fetch),
+        Command::Predict(a) => Some(&a.fetch),
+        Command::Stats(a) => Some(&a.source.fetch),
+        Command::Pack(a) => Some(&a.source.fetch),
+        Command::BenchData(a) => Some(&a.source.fetch),
+        _ => None,
     }
 }
 
@@ -706,7 +724,9 @@ pub fn main() -> i32 {
     if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() && !crate::device::sync_debug_requested() {
         shim::set_torch_log_level(3);
     }
-    match dispatch(cli) {
+    let result = dispatch(cli);
+    crate::data::remote::cache::remove_temporary();
+    match result {
         Ok(()) => 0,
         Err(e) if e.is::<ExitCode>() => e.downcast_ref::<ExitCode>().map(|c| c.0).unwrap_or(1),
         Err(e) if is_user_error(&e) => {

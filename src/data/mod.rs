@@ -1,5 +1,6 @@
-//! Data, in the order a sample travels: where images come from (`source/`: folders, label
-//! files, packs, tar shards, parquet files) → decoding (`decode.rs`) → augmentation on pixels
+//! Data, in the order a sample travels: where images come from (`remote/`: objects of object
+//! stores and web servers, fetched onto local disk; `source/`: folders, label files, packs, tar
+//! shards, parquet files) → decoding (`decode.rs`) → augmentation on pixels
 //! (`augment/`: crop and resize, flip, erasing; Mixup/CutMix on the device) → loading (`load/`:
 //! the sample order, the worker pool, the RAM cache, the set on the device, normalisation) →
 //! uint8 NHWC batches, normalised to float on the device. `pixels.rs` holds the pixel views
@@ -9,6 +10,7 @@ pub mod augment;
 pub mod decode;
 pub mod load;
 pub mod pixels;
+pub mod remote;
 pub mod source;
 pub mod tools;
 

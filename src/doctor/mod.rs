@@ -59,8 +59,11 @@ pub fn checks(out: Option<&Path>) -> Vec<Check> {
     c
 }
 
-pub fn run(out: Option<&Path>) -> Result<()> {
-    let checks = checks(out);
+pub fn run(out: Option<&Path>, data: Option<&Path>) -> Result<()> {
+    let mut checks = checks(out);
+    if let Some(data) = data {
+        checks.push(data_check(data));
+    }
     outln!("ringtrain doctor: this machine as a run finds it (paste the whole screen into a bug report)\n");
     for c in &checks {
         outln!("{:<8} {}", if c.ok { "ok" } else { "warning" }, c.text);
@@ -78,6 +81,41 @@ pub fn run(out: Option<&Path>) -> Result<()> {
         }
     );
     Ok(())
+}
+
+/// Whether `data` can be read: a remote location listed and the start of its first object
+/// fetched (into memory: nothing written), a local one opened as training opens it.
+fn data_check(data: &Path) -> Check {
+    use crate::data::source::{files, is_remote, Dataset};
+    let shown = data.display();
+    if !is_remote(data) {
+        return match Dataset::open(data, "--data") {
+            Ok(set) => ok(format!("data {shown}: {} images of {} classes", set.len(), set.classes.len())),
+            Err(e) => warning(format!("data {shown}: {e}"), "check the path (ringtrain train --help lists the forms --data takes)"),
+        };
+    }
+    let start = std::time::Instant::now();
+    let checked = files::open_location(&data.to_string_lossy(), "--data").and_then(|kind| {
+        let objects = kind.objects();
+        let first = &objects[0];
+        let head = first.read_start(64 << 10)?;
+        Ok(format!(
+            "data {shown}: {} object(s), {:.1} MB in all, listed and read (the first {} KB of {} in {:.0} ms); credentials: {}",
+            objects.len(),
+            objects.iter().map(|o| o.size).sum::<u64>() as f64 / 1e6,
+            head.len() >> 10,
+            first.url,
+            start.elapsed().as_secs_f64() * 1e3,
+            first.credentials()
+        ))
+    });
+    match checked {
+        Ok(text) => ok(text),
+        Err(e) => warning(
+            format!("data {shown}: {e}"),
+            "check the location and the credentials the provider's SDK would use (for an S3-compatible store, AWS_ENDPOINT_URL too)",
+        ),
+    }
 }
 
 /// ringtrain, the libtorch it loaded and how it found it, and CUDA's libraries.

@@ -95,7 +95,7 @@ pub fn collect_inputs(inputs: &[PathBuf], classes: &[String]) -> Result<Inputs> 
 
 /// A pack, tar shards or parquet files: read as a data set, not as image files.
 fn is_set(path: &Path) -> bool {
-    (path.is_file() && crate::data::source::pack::is_pack(path)) || crate::data::source::is_sharded(path)
+    (path.is_file() && crate::data::source::pack::is_pack(path)) || crate::data::source::is_sharded(path) || crate::data::source::is_remote(path)
 }
 
 /// A pack's, tar shards' or parquet files' images as inputs, labelled by class name where the

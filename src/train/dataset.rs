@@ -47,6 +47,8 @@ pub struct TrainBatch {
     pub y: Tensor,
     /// Images of the batch that could not be read (replaced by readable ones).
     pub unreadable: usize,
+    /// The batch's samples (indices into the training samples; a replaced image's stand-in).
+    pub indices: Vec<usize>,
 }
 
 impl TrainData {
@@ -135,6 +137,7 @@ impl TrainData {
         let base = LoaderOptions {
             seed: cfg.seed,
             shuffle_buffer: cfg.shuffle_buffer,
+            shard_streams: cfg.shard_streams,
             prefetch: cfg.prefetch,
             skip_unreadable: !cfg.strict,
             whole_jpeg: cfg.torchvision_compat,
@@ -177,7 +180,8 @@ impl TrainData {
         )?;
         if train.samples().shard_files().is_some() {
             source += &format!(
-                ", read as WebDataset reads shards (shards in an order drawn per epoch, each rank its own, through a {}-sample shuffle buffer; {} samples per rank per epoch)",
+                ", read in streams (shards in an order drawn per epoch, dealt to {} streams, each through a {}-sample shuffle buffer, interleaved into one order whatever the number of ranks; {} samples per rank per epoch)",
+                cfg.shard_streams,
                 cfg.shuffle_buffer,
                 train.shard_len()
             );
@@ -245,6 +249,7 @@ impl TrainData {
                     x: self.normalize.apply(&batch.images),
                     y: self.normalize.labels(&batch.labels),
                     unreadable,
+                    indices: batch.indices,
                 })
             })
     }
@@ -383,6 +388,14 @@ fn same_images(a: &Dataset, b: &Dataset) -> bool {
 
 /// "the folder X", "the raw pack X (N MB)", "N tar shards X", for the banner.
 fn describe_source(set: &Dataset) -> String {
+    let what = describe_kind(set);
+    match crate::data::remote::cache::describe() {
+        Some(fetched) => format!("{what}; {fetched}"),
+        None => what,
+    }
+}
+
+fn describe_kind(set: &Dataset) -> String {
     match &set.kind {
         SourceKind::Pack { raw, data_bytes, .. } => format!(
             "images from the {} pack {} ({:.0} MB)",

@@ -19,6 +19,7 @@ use lifecycle::data_record::{DataRecord, Recording};
 use lifecycle::resume::Resume;
 use lifecycle::run_dir::RunDir;
 use lifecycle::run_lock::RunLock;
+use lifecycle::sample_log::SampleLog;
 use lifecycle::signals::StopRequest;
 use reporter::Reporter;
 use step::meter::EpochMeter;
@@ -62,6 +63,11 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
     let mut t = Trainer::new(cfg, classes, steps_per_epoch, ctx.pg.clone(), ctx.ddp_options(), pretrained)?;
     let mut state = resume.restore_into(&mut t, cfg, &run_dir)?;
     let _sync_bn = ctx.sync_batch_norm(cfg);
+    let resume_at = (state.first_epoch, state.mid_epoch.as_ref().map_or(0, |m| m.steps));
+    let mut sample_log = cfg
+        .log_samples
+        .then(|| SampleLog::open(&run_dir.path, ctx.pg.rank, ctx.world(), resume_at, ctx.is_main()))
+        .transpose()?;
     let mut out = Reporter::new(cfg, &ctx, &run_dir, &t, &data)?;
     let stop = StopRequest::install(cfg.requeue)?;
     for epoch in state.first_epoch..cfg.epochs {
@@ -71,8 +77,14 @@ pub fn run(cfg: &TrainConfig, dist: Option<&DistSetup>) -> Result<RunSummary> {
             let batch = batch?;
             let _syncs = crate::device::sync_warnings(t.device(), epoch > state.first_epoch);
             meter.add_unreadable(batch.unreadable);
+            if let Some(log) = &mut sample_log {
+                log.add(batch.indices.iter().map(|&i| data.train.samples().name(i)));
+            }
             if !t.step(&batch.x, &batch.y, batch.pos, &mut state, &mut meter)? {
                 continue; // gradients keep accumulating; no all-reduce until the group's last
+            }
+            if let Some(log) = &mut sample_log {
+                log.step_done(epoch, meter.steps - 1)?;
             }
             // ---- training ends here; what follows reads, logs and saves
             if cfg.log_every > 0 && meter.steps % cfg.log_every == 0 {

@@ -30,6 +30,7 @@ pub struct Loader {
     batch_size: usize,
     shuffle: bool,
     shuffle_buffer: usize,
+    shard_streams: usize,
     drop_last: bool,
     seed: u64,
     prefetch: usize,
@@ -62,9 +63,11 @@ pub struct Shard {
 pub struct LoaderOptions {
     pub batch_size: usize,
     pub shuffle: bool,
-    /// Tar shards are shuffled as WebDataset does: the shards' order, then a buffer of this many
-    /// samples over each rank's stream (`order::stream_order`).
+    /// Tar shards and parquet row groups are shuffled as streams: the shards' order, dealt to
+    /// `shard_streams` streams, each through a buffer of `shuffle_buffer` samples
+    /// (`order::stream_order`).
     pub shuffle_buffer: usize,
+    pub shard_streams: usize,
     pub drop_last: bool,
     pub seed: u64,
     pub workers: usize,
@@ -96,6 +99,10 @@ pub struct LoaderOptions {
 /// size costs no memory, only how far a rank's reads jump within its shards.
 pub const DEFAULT_SHUFFLE_BUFFER: usize = 1000;
 
+/// Streams a sharded source's epoch is dealt to (MosaicML's canonical nodes): runs of up to this
+/// many ranks, or any number dividing it, read disjoint shards.
+pub const DEFAULT_SHARD_STREAMS: usize = 64;
+
 impl LoaderOptions {
     /// Every image once, in folder order, unreadable ones skipped (and reported), uint8 batches
     /// in ordinary memory: evaluation's and prediction's loader. Others change fields of it
@@ -105,6 +112,7 @@ impl LoaderOptions {
             batch_size,
             shuffle: false,
             shuffle_buffer: DEFAULT_SHUFFLE_BUFFER,
+            shard_streams: DEFAULT_SHARD_STREAMS,
             drop_last: false,
             seed: 0,
             workers,
@@ -149,6 +157,7 @@ impl Loader {
             batch_size: o.batch_size,
             shuffle: o.shuffle,
             shuffle_buffer: o.shuffle_buffer,
+            shard_streams: o.shard_streams,
             drop_last: o.drop_last,
             seed: o.seed,
             prefetch: o.prefetch.max(1),
@@ -216,18 +225,20 @@ impl Loader {
     }
 
     /// This rank's sample order for an epoch: a permutation drawn from `seed` (torch's with
-    /// `torch_sampler_seed`; or the folder order), then its shard (with repeated augmentation,
-    /// draw keys: sample + n·copy). Tar shards are shuffled and split by shard instead, as
-    /// WebDataset does (`order::stream_order`), to the same number of samples per rank.
+    /// `torch_sampler_seed`; or the folder order; for a sharded source, its streams of shards
+    /// interleaved: `order::stream_order`), then its shard (with repeated augmentation, draw
+    /// keys: sample + n·copy). The order before the split does not depend on the number of
+    /// ranks, so global batch k holds the same samples whatever it is.
     pub fn order(&self, epoch: u64) -> Vec<usize> {
-        if self.shuffle && self.samples.shard_of(0).is_some() {
-            let (rank, world) = self.shard.map_or((0, 1), |s| (s.rank, s.world));
-            let shard_of = |i| self.samples.shard_of(i).expect("a sharded source");
-            let (n, len) = (self.samples.len(), self.shard_len());
-            return stream_order(n, shard_of, self.seed, epoch, (rank, world), self.shuffle_buffer, len);
-        }
-        let mut order: Vec<usize> = (0..self.samples.len()).collect();
-        if self.shuffle {
+        let n = self.samples.len();
+        let mut order: Vec<usize> = match self.samples.shard_of(0) {
+            Some(_) if self.shuffle => {
+                let shard_of = |i| self.samples.shard_of(i).expect("a sharded source");
+                stream_order(n, shard_of, self.seed, epoch, self.shard_streams, self.shuffle_buffer)
+            }
+            _ => (0..n).collect(),
+        };
+        if self.shuffle && self.samples.shard_of(0).is_none() {
             match self.torch_sampler_seed {
                 Some(seed) => order = torch_permutation(order.len(), seed.wrapping_add(epoch)),
                 None => order.shuffle(&mut seeds::shuffle(self.seed, epoch)),
@@ -279,6 +290,10 @@ impl Loader {
     /// finished or in progress, plus the one the consumer holds: memory stays flat.
     pub fn epoch_from(&self, epoch: u64, start: usize) -> EpochIter<'_> {
         let order = self.order(epoch);
+        if self.on_device.is_none() {
+            // Remote shards are fetched ahead, in the order the batches will read them.
+            self.samples.will_read(&order[(start * self.batch_size).min(order.len())..]);
+        }
         if let Some(set) = &self.on_device {
             let chunks = order.chunks(self.batch_size).take(self.batches_per_epoch()).skip(start);
             return EpochIter::Device {
@@ -428,8 +443,9 @@ impl BatchJob<'_> {
                     kept.push(i);
                     kept_rows.push(row as i64);
                 }
-                // The path goes with the warning; the reason is the decoder's own words.
-                Err(e) if self.skip_unreadable => {
+                // The path goes with the warning; the reason is the decoder's own words. Data
+                // that could not be fetched stops the run: every sample behind it would fail too.
+                Err(e) if self.skip_unreadable && !crate::error::is_unfetchable(&e) => {
                     unreadable.push((self.samples.path(i), e.root_cause().to_string()))
                 }
                 Err(e) => return Err(e),

@@ -1,24 +1,29 @@
-//! The orders of a training epoch: a sharded source's (tar shards, parquet row groups),
-//! WebDataset's, each rank its own shards front to back through a shuffle buffer; repeated
-//! augmentation's, `RASampler`'s; and PyTorch's samplers' permutation, drawn by libtorch.
+//! The orders of a training epoch: a sharded source's (tar shards, parquet row groups), streams
+//! of shards read front to back through shuffle buffers, interleaved into one order whatever the
+//! number of ranks; repeated augmentation's, `RASampler`'s; and PyTorch's samplers' permutation,
+//! drawn by libtorch.
 use rand::seq::SliceRandom;
 use rand::Rng;
 
 use crate::seeds;
 
-/// One rank's samples for a training epoch, in WebDataset's order: the shards in an order drawn
-/// from (seed, epoch), every `world`-th of them from `rank` on, their samples read front to
-/// back through a shuffle buffer of `buffer` samples (seeded by seed, epoch and rank), cut or
-/// repeated to `len` so that every rank takes the same number of steps. `shard_of(i)` is sample
-/// i's shard; samples of one shard keep their index order.
+/// An epoch's samples of a sharded source in one order that does not depend on the number of
+/// ranks, as MosaicML's Streaming orders them: the shards, in an order drawn from (seed, epoch),
+/// dealt to `streams` streams (stream c takes every `streams`-th shard from c on); each stream
+/// reads its shards front to back through its own shuffle buffer of `buffer` samples (seeded by
+/// seed, epoch and c), and the streams are interleaved a sample at a time (one that has run out
+/// is passed over). The loader splits it over ranks as any order, rank r taking every world-th
+/// sample from r on: global batch k holds the same samples whatever the number of ranks, so a
+/// run resumed on another number goes on with the rest of the epoch, and while `world` divides
+/// `streams` a rank reads the shards of streams r, r + world, … alone. `shard_of(i)` is sample
+/// i's shard; samples of one shard keep their index order into the buffer.
 pub fn stream_order(
     n: usize,
     shard_of: impl Fn(usize) -> usize,
     seed: u64,
     epoch: u64,
-    (rank, world): (usize, usize),
+    streams: usize,
     buffer: usize,
-    len: usize,
 ) -> Vec<usize> {
     let mut per_shard: Vec<Vec<usize>> = Vec::new();
     for i in 0..n {
@@ -28,30 +33,31 @@ pub fn stream_order(
         }
         per_shard[s].push(i);
     }
-    // Shards whose every sample went to validation take no turn: each rank's shards hold samples.
+    // Shards whose every sample went to validation take no turn: each stream's shards hold samples.
     let mut order: Vec<usize> = (0..per_shard.len()).filter(|&s| !per_shard[s].is_empty()).collect();
     order.shuffle(&mut seeds::shard_order(seed, epoch));
-    let mut rng = seeds::shuffle_buffer(seed, epoch, rank as u64);
-    let (mut buf, mut out) = (Vec::with_capacity(buffer + 1), Vec::with_capacity(len));
-    for &s in order.iter().skip(rank).step_by(world) {
-        for &i in &per_shard[s] {
-            buf.push(i);
-            if buf.len() >= buffer.max(1) {
-                out.push(buf.swap_remove(rng.gen_range(0..buf.len())));
+    let streams = streams.max(1);
+    let each: Vec<Vec<usize>> = (0..streams)
+        .map(|c| {
+            let mut rng = seeds::shuffle_buffer(seed, epoch, c as u64);
+            let (mut buf, mut out) = (Vec::with_capacity(buffer + 1), Vec::new());
+            for &s in order.iter().skip(c).step_by(streams) {
+                for &i in &per_shard[s] {
+                    buf.push(i);
+                    if buf.len() >= buffer.max(1) {
+                        out.push(buf.swap_remove(rng.gen_range(0..buf.len())));
+                    }
+                }
             }
-        }
+            buf.shuffle(&mut rng);
+            out.append(&mut buf);
+            out
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for k in 0..each.iter().map(Vec::len).max().unwrap_or(0) {
+        out.extend(each.iter().filter_map(|stream| stream.get(k)));
     }
-    buf.shuffle(&mut rng);
-    out.append(&mut buf);
-    if out.is_empty() {
-        return out;
-    }
-    let have = out.len();
-    if have < len {
-        let again: Vec<usize> = out.iter().cycle().take(len - have).copied().collect();
-        out.extend(again);
-    }
-    out.truncate(len);
     out
 }
 
@@ -102,37 +108,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stream_order_covers_each_ranks_shards_and_evens_lengths() {
-        // 5 shards of unequal size over 2 ranks.
-        let sizes = [4, 4, 4, 4, 3];
-        let shard_of: Vec<usize> = sizes.iter().enumerate().flat_map(|(s, &k)| std::iter::repeat_n(s, k)).collect();
-        let n = shard_of.len();
-        let len = n.div_ceil(2);
-        let a = stream_order(n, |i| shard_of[i], 7, 3, (0, 2), 4, len);
-        let b = stream_order(n, |i| shard_of[i], 7, 3, (1, 2), 4, len);
-        assert_eq!((a.len(), b.len()), (len, len));
-        // Each rank's samples come from its own shards only (3 and 2 of them: 11 or 12 samples
-        // and 7 or 8): the longer stream is cut to 10, the shorter one repeats its first.
-        let shards = |o: &[usize]| o.iter().map(|&i| shard_of[i]).collect::<std::collections::BTreeSet<_>>();
-        assert!(shards(&a).is_disjoint(&shards(&b)));
-        let held = |o: &[usize]| shards(o).iter().map(|&s| sizes[s]).sum::<usize>();
-        let distinct = |o: &[usize]| o.iter().collect::<std::collections::BTreeSet<_>>().len();
-        for o in [&a, &b] {
-            assert_eq!(distinct(o), held(o).min(len));
-        }
-        // The same draw again; another epoch draws another shard order or buffer.
-        assert_eq!(a, stream_order(n, |i| shard_of[i], 7, 3, (0, 2), 4, len));
-        assert_ne!(a, stream_order(n, |i| shard_of[i], 7, 4, (0, 2), 4, len));
-        // Shards emptied by a validation split take no turn: samples of shards 0 and 2 only, over
-        // 2 ranks, give each rank one shard.
+    fn stream_order_is_one_order_for_any_number_of_ranks() {
+        // 8 shards of 4 samples in 4 streams: each stream 2 shards, 8 samples.
+        let shard_of: Vec<usize> = (0..32).map(|i| i / 4).collect();
+        let o = stream_order(32, |i| shard_of[i], 7, 3, 4, 3);
+        let mut sorted = o.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "every sample once");
+        // Split as the loader splits any order: with 2 ranks, rank r reads streams r and r + 2
+        // alone (their shards are no other rank's).
+        let shards = |r: usize, w: usize| {
+            o.iter().skip(r).step_by(w).map(|&i| shard_of[i]).collect::<std::collections::BTreeSet<_>>()
+        };
+        assert!(shards(0, 2).is_disjoint(&shards(1, 2)));
+        assert_eq!((shards(0, 2).len(), shards(1, 2).len()), (4, 4));
+        assert!(shards(0, 4).iter().all(|s| !shards(1, 4).contains(s)));
+        // The same draw again; another epoch draws another order.
+        assert_eq!(o, stream_order(32, |i| shard_of[i], 7, 3, 4, 3));
+        assert_ne!(o, stream_order(32, |i| shard_of[i], 7, 4, 4, 3));
+        // Shards emptied by a validation split take no turn; streams without shards give nothing.
         let held = [0, 0, 2, 2, 2];
         assert_eq!(shard_count(held.len(), |i| held[i]), 2);
-        for rank in 0..2 {
-            let o = stream_order(held.len(), |i| held[i], 7, 0, (rank, 2), 4, 3);
-            assert_eq!(o.len(), 3, "rank {rank}");
-        }
-        // A buffer of one keeps the shards' own order.
-        let one = stream_order(n, |i| shard_of[i], 7, 3, (0, 1), 1, n);
+        let mut o = stream_order(held.len(), |i| held[i], 7, 0, 64, 4);
+        o.sort();
+        assert_eq!(o, [0, 1, 2, 3, 4]);
+        // One stream and a buffer of one keep the shards' own order.
+        let one = stream_order(32, |i| shard_of[i], 7, 3, 1, 1);
         for w in one.windows(2) {
             assert!(shard_of[w[0]] != shard_of[w[1]] || w[0] < w[1]);
         }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::catalog::Catalog;
+use super::files::Files;
 use crate::data::pixels::RgbView;
 
 /// An opened source. Entry `entry` is the catalog's entry (and the pack's record, the shards'
@@ -31,10 +32,14 @@ pub trait Source: Send + Sync {
         None
     }
 
-    /// The files of a sharded source (tar shards, parquet files) and the folder holding them.
-    fn shard_files(&self) -> Option<(&[PathBuf], &Path)> {
+    /// The files of a sharded source (tar shards, parquet files).
+    fn shard_files(&self) -> Option<&Files> {
         None
     }
+
+    /// The entries the next reads will be, in order: a source of remote files fetches the files
+    /// they lie in ahead of the reads.
+    fn will_read(&self, _entries: &[usize]) {}
 
     /// Whether entries are stored decoded (a raw pack): nothing to gain from a RAM cache.
     fn decoded(&self) -> bool {

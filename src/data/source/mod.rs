@@ -7,6 +7,7 @@
 //! decode or pixels ready to use.
 pub mod catalog;
 pub mod common;
+pub mod files;
 pub mod folder;
 pub mod interface;
 pub mod labels;
@@ -22,6 +23,7 @@ use anyhow::Result;
 
 use catalog::Catalog;
 use common::files_in_flat_dir;
+use files::Files;
 use folder::ImageFolder;
 pub use interface::{Columns, SourceKind, Stored};
 use interface::{Opened, Source};
@@ -83,9 +85,16 @@ impl Samples {
         self.catalog.name(self.picks[i] as usize)
     }
 
-    /// The files of a sharded source (tar shards, parquet files) and the folder holding them.
-    pub fn shard_files(&self) -> Option<(&[PathBuf], &Path)> {
+    /// The files of a sharded source (tar shards, parquet files).
+    pub fn shard_files(&self) -> Option<&files::Files> {
         self.source.shard_files()
+    }
+
+    /// The samples the next reads will be (`order`, indices of these samples): a source of
+    /// remote files fetches the files they lie in ahead of the reads.
+    pub fn will_read(&self, order: &[usize]) {
+        let entries: Vec<usize> = order.iter().map(|&i| self.picks[i] as usize).collect();
+        self.source.will_read(&entries);
     }
 
     /// Sample `i`'s shard (a tar shard, a parquet row group), for a sharded source: read shard
@@ -152,24 +161,31 @@ impl<P: AsRef<Path>> From<P> for DataSpec {
     }
 }
 
-/// Refuses, in one line saying what ringtrain reads instead, what names no local path:
-/// WebDataset's `pipe:` URLs (a shell command whose output is a shard) and the locations of
-/// object stores and web servers, which ringtrain does not read yet.
+/// Refuses, in one line saying what ringtrain reads instead, what names neither a local path
+/// nor a location ringtrain reads (`data::remote`): WebDataset's `pipe:` URLs (a shell command
+/// whose output is a shard) and other schemes.
 pub fn refuse_remote(path: &Path, what: &str) -> Result<()> {
     let s = path.to_string_lossy();
     if s.starts_with("pipe:") {
         crate::bail_user!(
-            "{what} '{s}': ringtrain runs no command to read data (WebDataset's pipe: URLs); fetch the shards, or mount their store, and give their local path or a brace pattern such as 'shards/train-{{000000..000099}}.tar'"
+            "{what} '{s}': ringtrain runs no command to read data (WebDataset's pipe: URLs); give the shards' s3://, gs://, az:// or http(s):// location, or their local path, with a brace pattern such as 'train-{{000000..000099}}.tar'"
         );
     }
     if let Some((scheme, _)) = s.split_once("://") {
-        if !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+') {
+        let url_like = !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+');
+        if url_like && !is_remote(path) {
             crate::bail_user!(
-                "{what} '{s}': ringtrain reads local paths only, not {scheme}:// locations yet; copy the data to a local disk, or mount the store, and give that path"
+                "{what} '{s}': ringtrain reads local paths and s3://, gs://, az:// and http(s):// locations, not {scheme}://"
             );
         }
     }
     Ok(())
+}
+
+/// Whether `path` names an object store's or a web server's location (`s3://`, `gs://`,
+/// `az://`, `http(s)://`).
+pub fn is_remote(path: &Path) -> bool {
+    crate::data::remote::is_remote(&path.to_string_lossy())
 }
 
 /// Whether `path` names a sharded source: parquet files or tar shards.
@@ -208,6 +224,18 @@ pub struct Dataset {
     pub kind: SourceKind,
 }
 
+/// Opens the remote location `path` names: tar shards, parquet files, or a pack.
+fn open_remote(path: &Path, spec: &DataSpec, what: &str) -> Result<Opened> {
+    Ok(match files::open_location(&path.to_string_lossy(), what)? {
+        files::RemoteKind::Shards(objects) => Shards::open_files(path, Files::remote(objects)?, &spec.columns, spec.strict, what)?,
+        files::RemoteKind::Parquet(objects) => Parquet::open_files(Files::remote(objects)?, &spec.columns, spec.strict, what)?,
+        files::RemoteKind::Single(object) => {
+            let files = Files::remote(vec![object])?;
+            Pack::open_file(files.open(0, "pack")?, &files.names[0], what)?.opened()
+        }
+    })
+}
+
 impl Dataset {
     /// Opens what `spec` names: with a label file, the folder's images it labels; parquet files
     /// (`is_parquet`); tar shards (`is_shards`); a pack file (validated, and refused when older
@@ -217,7 +245,15 @@ impl Dataset {
         let spec = spec.into();
         let path = &spec.path;
         refuse_remote(path, what)?;
-        let opened = if let Some(csv) = &spec.labels {
+        let opened = if is_remote(path) {
+            if spec.labels.is_some() {
+                crate::bail_user!(
+                    "{what} {}: a label file labels the images of a local folder; remote data must be tar shards, parquet files or a pack",
+                    path.display()
+                );
+            }
+            open_remote(path, &spec, what)?
+        } else if let Some(csv) = &spec.labels {
             if is_sharded(path) {
                 crate::bail_user!(
                     "{what} {} is tar shards or parquet files, which carry their own labels; a label file labels a folder's images",

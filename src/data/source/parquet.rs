@@ -9,7 +9,7 @@
 //! Images live in row groups, compressed together, so one cannot be read alone: a row group is
 //! decoded whole when one of its images is wanted and kept while its neighbours are read (a
 //! small cache with a memory budget). Training reads row groups as tar shards are read
-//! (`load/order.rs`: each rank its own, front to back through the shuffle buffer), so
+//! (`load/order.rs`: in streams, each front to back through a shuffle buffer), so
 //! each is decoded about once an epoch; validation reads them in order.
 use std::borrow::Cow;
 use std::fs::File;
@@ -22,10 +22,10 @@ use parquet::column::reader::ColumnReader;
 use parquet::data_type::ByteArray;
 use parquet::file::reader::FileReader;
 use parquet::file::serialized_reader::SerializedFileReader;
-use rayon::prelude::*;
 
 use super::catalog::Catalog;
-use super::common::{class_index, class_list, common_parent, expand, file_times, files_in_flat_dir};
+use super::common::{class_index, class_list, expand, files_in_flat_dir};
+use super::files::Files;
 use super::interface::{Columns, Opened, Source, SourceKind, Stored};
 use crate::bail_user;
 use crate::report::progress::warn;
@@ -36,7 +36,8 @@ const CACHE_MIN_GROUPS: usize = 4;
 
 /// The parquet files of a set and where each sample lies in them.
 pub struct Parquet {
-    pub paths: Vec<PathBuf>,
+    /// Each file's path (or URL), as named, and how to open it.
+    files: Files,
     /// The folder that holds them all ("" if none does): sample names are under it.
     pub root: PathBuf,
     mtimes: Vec<i64>,
@@ -119,14 +120,14 @@ struct FileScan {
     names: Option<Vec<String>>,
 }
 
-fn open_reader(path: &Path) -> Result<SerializedFileReader<File>> {
-    let file = File::open(path).map_err(|e| crate::error::user_error(format!("cannot open {}: {e}", path.display())))?;
+fn open_reader(files: &Files, i: usize) -> Result<SerializedFileReader<File>> {
+    let (file, path) = (files.open(i, "parquet file")?, &files.names[i]);
     SerializedFileReader::new(file)
         .map_err(|e| crate::error::user_error(format!("{} is not a readable parquet file: {e}", path.display())))
 }
 
-fn scan_file(path: &Path, columns: &Columns) -> Result<FileScan> {
-    let reader = open_reader(path)?;
+fn scan_file(files: &Files, i: usize, columns: &Columns) -> Result<FileScan> {
+    let (reader, path) = (open_reader(files, i)?, &files.names[i]);
     let meta = reader.metadata();
     let schema = meta.file_metadata().schema_descr();
     let (image, label) = (
@@ -216,8 +217,14 @@ impl Parquet {
         if paths.is_empty() {
             bail_user!("{what} {}: no .parquet files there", spec.display());
         }
-        let mtimes = file_times(&paths, what)?;
-        let scans: Vec<FileScan> = paths.par_iter().map(|p| scan_file(p, columns)).collect::<Result<_>>()?;
+        Parquet::open_files(Files::local(paths), columns, strict, what)
+    }
+
+    /// Lists the labelled rows of the parquet files `files` holds (local or remote).
+    pub fn open_files(files: Files, columns: &Columns, strict: bool, what: &str) -> Result<Opened> {
+        let mtimes = files.times(what)?;
+        let scans = files.each(|i| scan_file(&files, i, columns))?;
+        let paths = &files.names;
         // Class names from the metadata, in their order; else the classes the labels' text
         // makes, as tar shards' labels make them (`common::class_list`).
         let names = scans.iter().find_map(|s| s.names.clone());
@@ -238,7 +245,7 @@ impl Parquet {
             (Label::Name(s), Some(_)) => classes.iter().position(|c| c == s),
             (l, None) => text(l).and_then(|t| class_index(&classes, numbered, &t)),
         };
-        let root = common_parent(&paths);
+        let root = files.common_parent();
         let (mut catalog, mut groups, mut rows) = (Catalog::default(), Vec::new(), Vec::new());
         let (mut unlabelled, mut out_of_range) = (0usize, None);
         for (f, (p, s)) in paths.iter().zip(&scans).enumerate() {
@@ -280,7 +287,7 @@ impl Parquet {
         let set = Parquet {
             image_leaf: scans.iter().map(|s| s.image_leaf).collect(),
             path_leaf: scans.iter().map(|s| s.path_leaf).collect(),
-            paths,
+            files,
             root,
             mtimes,
             groups,
@@ -296,8 +303,8 @@ impl Parquet {
 
     fn load_group(&self, g: u32) -> Result<GroupImages> {
         let (f, rg) = self.groups[g as usize];
-        let path = &self.paths[f as usize];
-        let reader = open_reader(path)?;
+        let path = &self.files.names[f as usize];
+        let reader = open_reader(&self.files, f as usize)?;
         let group = reader.get_row_group(rg as usize).with_context(|| format!("reading {}", path.display()))?;
         let rows = group.metadata().num_rows() as usize;
         // A leaf column of byte strings, `None` where a row has none.
@@ -333,7 +340,7 @@ impl Parquet {
     /// The file a row without bytes names, as `datasets` opens it: an absolute path as it is; a
     /// relative one under the parquet file's folder, else under the current directory.
     fn image_file(&self, g: u32, image: &str) -> Result<Vec<u8>> {
-        let parquet = &self.paths[self.groups[g as usize].0 as usize];
+        let parquet = &self.files.names[self.groups[g as usize].0 as usize];
         let beside = parquet.parent().unwrap_or(Path::new("")).join(image);
         let file = if Path::new(image).is_absolute() || beside.exists() { beside } else { PathBuf::from(image) };
         std::fs::read(&file).map_err(|e| {
@@ -352,7 +359,7 @@ impl Source for Parquet {
 
     fn describe(&self) -> SourceKind {
         SourceKind::Parquet {
-            files: self.paths.len(),
+            files: self.files.len(),
             row_groups: self.groups.len(),
         }
     }
@@ -381,8 +388,16 @@ impl Source for Parquet {
         Some(self.rows[entry].0 as usize)
     }
 
-    fn shard_files(&self) -> Option<(&[PathBuf], &Path)> {
-        Some((&self.paths, &self.root))
+    fn shard_files(&self) -> Option<&Files> {
+        Some(&self.files)
+    }
+
+    /// The files of the row groups the reads will meet, fetched ahead when remote.
+    fn will_read(&self, entries: &[usize]) {
+        if self.files.is_remote() {
+            let files = entries.iter().map(|&e| self.groups[self.rows[e].0 as usize].0 as usize);
+            self.files.will_read(&super::files::first_appearances(files));
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //!
 //! Opening reads each shard's member headers (in parallel; the image bytes are skipped, not
 //! read) into a list of where each image lies, so a sample is read later by one positioned read.
-//! Training reads them in WebDataset's order (`load/order.rs`).
+//! Training reads them in streams of shards (`load/order.rs`).
 use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -16,18 +16,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use rayon::prelude::*;
 
 use super::catalog::Catalog;
-use super::common::{class_index, class_list, common_parent, expand, file_times, files_in_flat_dir, IMAGE_EXTENSIONS};
+use super::common::{class_index, class_list, expand, files_in_flat_dir, IMAGE_EXTENSIONS};
+use super::files::Files;
 use super::interface::{Columns, Opened, Source, SourceKind, Stored};
 use crate::bail_user;
 use crate::report::progress::warn;
 
 /// The shards of a set and where each sample's image lies.
 pub struct Shards {
-    /// Each shard's path, as named.
-    pub paths: Vec<PathBuf>,
+    /// Each shard's path (or URL), as named, and how to open it.
+    files: Files,
     /// The folder that holds them all ("" if none does): sample names are under it.
     pub root: PathBuf,
     /// Each shard's modification time (ns since the epoch), when opened.
@@ -60,8 +60,7 @@ struct ShardScan {
     cut: Option<String>,
 }
 
-fn scan_shard(path: &Path, columns: &Columns) -> Result<ShardScan> {
-    let file = File::open(path).map_err(|e| crate::error::user_error(format!("cannot open shard {}: {e}", path.display())))?;
+fn scan_shard(file: File, path: &Path, columns: &Columns) -> Result<ShardScan> {
     let file_len = file.metadata().with_context(|| format!("reading shard {}", path.display()))?.len();
     let mut archive = tar::Archive::new(BufReader::with_capacity(16 << 10, file));
     let entries = archive
@@ -152,14 +151,17 @@ impl Shards {
             };
             expand(pattern, what)?
         };
-        let mtimes = file_times(&paths, what)?;
-        let scans: Vec<ShardScan> = paths
-            .par_iter()
-            .map(|p| scan_shard(p, columns))
-            .collect::<Result<_>>()?;
+        Shards::open_files(spec, Files::local(paths), columns, strict, what)
+    }
+
+    /// Lists the samples of the shards `files` holds (local or remote; `spec` as named).
+    pub fn open_files(spec: &Path, files: Files, columns: &Columns, strict: bool, what: &str) -> Result<Opened> {
+        let mtimes = files.times(what)?;
+        let scans = files.each(|i| scan_shard(files.open(i, "shard")?, &files.names[i], columns))?;
+        let paths = &files.names;
 
         // Names under the shards' common folder: `train-000001.tar/KEY.jpg`.
-        let root = common_parent(&paths);
+        let root = files.common_parent();
         let mut incomplete = 0;
         for (p, s) in paths.iter().zip(&scans) {
             incomplete += s.incomplete;
@@ -213,7 +215,7 @@ impl Shards {
             }
         }
         let shards = Shards {
-            paths,
+            files,
             root,
             mtimes,
             members,
@@ -232,16 +234,17 @@ impl Source for Shards {
     }
 
     fn describe(&self) -> SourceKind {
-        SourceKind::Shards(self.paths.len())
+        SourceKind::Shards(self.files.len())
     }
 
     /// The member's image bytes: one positioned read of its shard.
     fn read(&self, entry: usize, _name: &Path) -> Result<Stored<'_>> {
         let m = self.members[entry];
-        let path = &self.paths[m.shard as usize];
+        let path = &self.files.names[m.shard as usize];
         let mut bytes = vec![0u8; m.len as usize];
-        File::open(path)
-            .and_then(|f| f.read_exact_at(&mut bytes, m.offset))
+        self.files
+            .open(m.shard as usize, "shard")?
+            .read_exact_at(&mut bytes, m.offset)
             .with_context(|| format!("cannot read shard {}", path.display()))?;
         Ok(Stored::Encoded(Cow::Owned(bytes)))
     }
@@ -256,8 +259,16 @@ impl Source for Shards {
         Some(self.members[entry].shard as usize)
     }
 
-    fn shard_files(&self) -> Option<(&[PathBuf], &Path)> {
-        Some((&self.paths, &self.root))
+    fn shard_files(&self) -> Option<&Files> {
+        Some(&self.files)
+    }
+
+    /// The shards the reads will meet, fetched ahead when remote.
+    fn will_read(&self, entries: &[usize]) {
+        if self.files.is_remote() {
+            let shards = entries.iter().map(|&e| self.members[e].shard as usize);
+            self.files.will_read(&super::files::first_appearances(shards));
+        }
     }
 }
 

@@ -141,7 +141,7 @@ impl PackSource {
         let data = &spec.path;
         crate::data::source::refuse_remote(data, "--data")?;
         let absolute = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()));
-        if spec.labels.is_none() && !is_sharded(data) {
+        if spec.labels.is_none() && !is_sharded(data) && !crate::data::source::is_remote(data) {
             let folder = ImageFolder::scan(data, "--data")?;
             let (dirs, files) = (folder.dirs_now()?, folder.files_now()?);
             return Ok(PackSource {
@@ -161,15 +161,28 @@ impl PackSource {
                 (root, files, PackedFrom::LabelFile(stat_file(&absolute(csv)?)?))
             }
             _ => {
-                let (paths, root) = set.samples.shard_files().expect("tar shards or parquet files");
+                let Some(shard_files) = set.samples.shard_files() else {
+                    bail_user!("--data {}: a pack is made of a folder, tar shards or parquet files, not of another pack", data.display());
+                };
                 let files = (0..set.len())
                     .map(|i| {
                         let (size, mtime_ns) = set.samples.size_and_mtime(i)?;
                         Ok(SourceFile { name: names(i), size, mtime_ns })
                     })
                     .collect::<Result<_>>()?;
-                let paths = paths.iter().map(|p| stat_file(&absolute(p)?)).collect::<Result<_>>()?;
-                (absolute(root).unwrap_or_default(), files, PackedFrom::Shards(paths))
+                // Local files by their absolute paths now; remote ones by URL, as listed.
+                let paths = match shard_files.is_remote() {
+                    false => shard_files.names.iter().map(|p| stat_file(&absolute(p)?)).collect::<Result<_>>()?,
+                    true => (shard_files.names.iter().zip(shard_files.sizes()).zip(shard_files.times("--data")?))
+                        .map(|((name, size), mtime_ns)| SourceFile {
+                            name: name.to_string_lossy().into_owned(),
+                            size,
+                            mtime_ns,
+                        })
+                        .collect(),
+                };
+                let root = shard_files.common_parent();
+                (absolute(&root).unwrap_or(root), files, PackedFrom::Shards(paths))
             }
         };
         Ok(PackSource {

@@ -199,7 +199,7 @@ fn check_resume(cfg: &TrainConfig, st: &CheckpointState, classes: &[String], dir
             cfg.batch_size / st.world_size.max(1),
             cfg.batch_size / world,
             if st.mid_epoch.is_some() {
-                "; the interrupted epoch continues at the same step, but its remaining batches are drawn from a different split of the epoch among ranks"
+                "; the interrupted epoch goes on with the batches it had left (an epoch's order does not depend on the number of ranks)"
             } else {
                 ""
             }
