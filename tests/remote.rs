@@ -27,7 +27,8 @@ struct Remote {
     /// `train-00000{0..3}.tar` (the first 6 seedlings of 3 classes, 5 a shard), `s.pack` (an
     /// encoded pack of them), `parquet/train-0000{0,1}-of-00002.parquet` (the same images by
     /// datasets, row groups of 4), `tree/` (an ImageFolder of them). Uploaded under `set/`,
-    /// `faults/` and `changed/` of the bucket `data`.
+    /// `faults/` and `changed/` of the bucket `data`; the parquet files also under `mixed/`,
+    /// with a copy named as a test split's.
     files: PathBuf,
 }
 
@@ -75,6 +76,8 @@ for prefix in ["set", "faults", "changed"]:
             s3.upload_file(f"{{files}}/{{name}}", "data", f"{{prefix}}/{{name}}")
 for name in sorted(os.listdir(f"{{files}}/parquet")):
     s3.upload_file(f"{{files}}/parquet/{{name}}", "data", f"set/parquet/{{name}}")
+    s3.upload_file(f"{{files}}/parquet/{{name}}", "data", f"mixed/{{name}}")
+s3.upload_file(f"{{files}}/parquet/{{name}}", "data", "mixed/test-00000-of-00001.parquet")
 "#,
             s3 = urls["s3"],
             files = files.to_str().unwrap()
@@ -229,9 +232,9 @@ fn cache_dir_keeps_what_was_fetched_and_faults_are_retried() {
     assert_eq!(max_diff(&weights(&d.path().join("local")), &weights(&d.path().join("again"))), 0.0);
 }
 
-/// A missing object, a denied bucket, a web server asked to list, WebDataset's pipe: and an
-/// unknown scheme are one line each (exit 2); an object replaced while a run reads it is
-/// detected when it is fetched again.
+/// A missing object, a denied bucket, a web server asked to list, a folder of two splits'
+/// parquet files, WebDataset's pipe: and an unknown scheme are one line each (exit 2); an object
+/// replaced while a run reads it is detected when it is fetched again, and stops the loader.
 #[test]
 fn missing_denied_and_changed_objects_are_one_line_each() {
     let r = remote();
@@ -248,6 +251,8 @@ fn missing_denied_and_changed_objects_are_one_line_each() {
     expect_user_error(&data("s3://secret/train-000000.tar"), denied);
     expect_user_error(&data("pipe:curl -s https://example.com/train-{000000..000009}.tar"), "WebDataset's pipe: URLs");
     expect_user_error(&data("ftp://example.com/train.tar"), "not ftp://");
+    let splits = "holds the parquet files of several splits (test, train): name one, e.g. 's3://data/mixed/test-*.parquet'";
+    expect_user_error(&data("s3://data/mixed/"), splits);
     expect_user_error(&["stats", "--data", "s3://data/set/s.pack", "--cache-max", "lots"], "not a size");
     let d = tempfile::tempdir().unwrap();
     let csv = d.path().join("labels.csv");

@@ -58,11 +58,6 @@ pub fn shared() -> Result<Arc<ObjectCache>> {
     Ok(SHARED.get_or_init(|| cache).clone())
 }
 
-/// What the process's cache did, if remote data was read.
-pub fn shared_stats() -> Option<CacheStats> {
-    SHARED.get().map(|c| c.stats())
-}
-
 /// What the process's cache fetched, for the run's banner: "fetched N objects (X MB, Y MB/s)
 /// into DIR (at most Z GB)"; `None` when no remote data was read.
 pub fn describe() -> Option<String> {
@@ -187,14 +182,6 @@ impl ObjectCache {
             ahead: Arc::default(),
             tmp_counter: AtomicU64::new(0),
         })
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    pub fn max_bytes(&self) -> u64 {
-        self.max_bytes
     }
 
     pub fn stats(&self) -> CacheStats {

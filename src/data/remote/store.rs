@@ -137,7 +137,7 @@ impl Store {
         Ok((store, key))
     }
 
-    /// `e`, an error of `op` on `url`, as one line a user can act on.
+    /// `e`, an error reading `url`, as one line a user can act on.
     fn explain(&self, e: object_store::Error, url: &str, what: &str) -> anyhow::Error {
         use object_store::Error as E;
         let line = match &e {

@@ -135,7 +135,6 @@ pub fn open_location(location: &str, what: &str) -> Result<RemoteKind> {
     )
 }
 
-
 /// The distinct values of `items`, in the order they first appear.
 pub fn first_appearances(items: impl Iterator<Item = usize>) -> Vec<usize> {
     let mut seen = std::collections::HashSet::new();

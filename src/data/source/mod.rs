@@ -90,11 +90,13 @@ impl Samples {
         self.source.shard_files()
     }
 
-    /// The samples the next reads will be (`order`, indices of these samples): a source of
-    /// remote files fetches the files they lie in ahead of the reads.
+    /// The samples the next reads will be (`order`: indices of these samples, or draw keys,
+    /// index + n·copy): a source of remote files fetches the files they lie in ahead of them.
     pub fn will_read(&self, order: &[usize]) {
-        let entries: Vec<usize> = order.iter().map(|&i| self.picks[i] as usize).collect();
-        self.source.will_read(&entries);
+        if self.shard_files().is_some_and(|f| f.is_remote()) {
+            let entries: Vec<usize> = order.iter().map(|&key| self.picks[key % self.len()] as usize).collect();
+            self.source.will_read(&entries);
+        }
     }
 
     /// Sample `i`'s shard (a tar shard, a parquet row group), for a sharded source: read shard
@@ -228,7 +230,13 @@ pub struct Dataset {
 fn open_remote(path: &Path, spec: &DataSpec, what: &str) -> Result<Opened> {
     Ok(match files::open_location(&path.to_string_lossy(), what)? {
         files::RemoteKind::Shards(objects) => Shards::open_files(path, Files::remote(objects)?, &spec.columns, spec.strict, what)?,
-        files::RemoteKind::Parquet(objects) => Parquet::open_files(Files::remote(objects)?, &spec.columns, spec.strict, what)?,
+        files::RemoteKind::Parquet(objects) => {
+            let files = Files::remote(objects)?;
+            if path.to_string_lossy().ends_with('/') {
+                parquet::one_split(&files.names, path, what)?;
+            }
+            Parquet::open_files(files, &spec.columns, spec.strict, what)?
+        }
         files::RemoteKind::Single(object) => {
             let files = Files::remote(vec![object])?;
             Pack::open_file(files.open(0, "pack")?, &files.names[0], what)?.opened()

@@ -56,17 +56,7 @@ pub struct Parquet {
 fn files_of(spec: &Path, what: &str) -> Result<Vec<PathBuf>> {
     if spec.is_dir() {
         let files = files_in_flat_dir(spec, ".parquet").with_context(|| format!("reading {what} directory {}", spec.display()))?;
-        let mut splits: Vec<String> = files.iter().filter_map(|f| split_of(f)).collect();
-        splits.sort();
-        splits.dedup();
-        if splits.len() > 1 {
-            bail_user!(
-                "{what} {} holds the parquet files of several splits ({}): name one, e.g. '{}'",
-                spec.display(),
-                splits.join(", "),
-                spec.join(format!("{}-*.parquet", splits[0])).display()
-            );
-        }
+        one_split(&files, spec, what)?;
         return Ok(files);
     }
     let Some(pattern) = spec.to_str() else {
@@ -92,6 +82,23 @@ fn files_of(spec: &Path, what: &str) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(files)
+}
+
+/// A folder's parquet files (a remote one's: the objects directly under it) must be one split's:
+/// `train-…` and `test-…` files together are refused, naming a pattern for one.
+pub fn one_split(files: &[PathBuf], folder: &Path, what: &str) -> Result<()> {
+    let mut splits: Vec<String> = files.iter().filter_map(|f| split_of(f)).collect();
+    splits.sort();
+    splits.dedup();
+    if splits.len() > 1 {
+        bail_user!(
+            "{what} {} holds the parquet files of several splits ({}): name one, e.g. '{}'",
+            folder.display(),
+            splits.join(", "),
+            folder.join(format!("{}-*.parquet", splits[0])).display()
+        );
+    }
+    Ok(())
 }
 
 /// `train` for `train-00000-of-00004.parquet`: the split the hub's file names start with.
