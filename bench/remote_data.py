@@ -16,6 +16,7 @@ VmRSS read every 50 ms while the local run and the cold `s3://` run go.
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,7 @@ def main():
                   f"{len(after)} readings (peak {max(m for _, m in rss[name]):.0f} MB)")
     server.stdin.close()
     server.wait()
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 if __name__ == "__main__":
