@@ -5,7 +5,6 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use common::{make_folder, train_args};
 
@@ -17,12 +16,7 @@ fn with_reader_closing_after(args: &[String], lines: usize) -> (Option<i32>, Str
 
 /// The same, the reader closing after the first line `last(index, line)` accepts (or at once).
 fn with_reader_closing_at(args: &[String], last: impl Fn(usize, &str) -> bool, at_once: bool) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_ringtrain(args);
     let stdout = child.stdout.take().unwrap();
     let mut reader = BufReader::new(stdout);
     let mut i = 0;

@@ -304,12 +304,7 @@ fn doctor_checks_a_remote_location() {
 /// Starts a run and sends SIGTERM once a progress line contains `when`; returns the exit code
 /// and what it printed.
 fn interrupt(args: &[String], when: &str) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_ringtrain(args);
     let mut seen = String::new();
     let mut sent = false;
     for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {

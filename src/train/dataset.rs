@@ -386,7 +386,8 @@ fn same_images(a: &Dataset, b: &Dataset) -> bool {
     place(a) == place(b)
 }
 
-/// "the folder X", "the raw pack X (N MB)", "N tar shards X", for the banner.
+/// "the folder X", "the raw pack X (N MB)", "N tar shards X", for the banner; for remote data,
+/// what was fetched into which cache.
 fn describe_source(set: &Dataset) -> String {
     let what = describe_kind(set);
     match crate::data::remote::cache::describe() {

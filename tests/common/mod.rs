@@ -93,6 +93,17 @@ pub fn ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
         .expect("running ringtrain")
 }
 
+/// ringtrain started with `args`, its standard output and error piped (to read as it runs, and
+/// after it ends).
+pub fn spawn_ringtrain<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting ringtrain")
+}
+
 /// Every batch of an in-order pass over `spec` at 48 px (the evaluation transform): (pixels,
 /// labels). Two sources of the same images in the same order give the same batches.
 pub fn eval_batches(spec: impl Into<ringtrain::data::source::DataSpec>) -> Vec<(Vec<u8>, Vec<i64>)> {

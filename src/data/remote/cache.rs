@@ -58,8 +58,8 @@ pub fn shared() -> Result<Arc<ObjectCache>> {
     Ok(SHARED.get_or_init(|| cache).clone())
 }
 
-/// What the process's cache fetched, for the run's banner: "fetched N objects (X MB, Y MB/s)
-/// into DIR (at most Z GB)"; `None` when no remote data was read.
+/// What the process's cache fetched, for the run's banner: "fetched N object(s) (X MB at Y MB/s)
+/// into the cache DIR (at most Z GB), R read(s) from it"; `None` when no remote data was read.
 pub fn describe() -> Option<String> {
     let cache = SHARED.get()?;
     let s = cache.stats();
@@ -68,7 +68,7 @@ pub fn describe() -> Option<String> {
         true => format!(" at {:.1} MB/s", s.fetched_bytes as f64 / 1e6 / s.fetch_seconds),
         false => String::new(),
     };
-    let kept = match TEMPORARY.lock().expect("the temporary folder's lock").is_some() {
+    let kept = match cache.temporary {
         true => "a temporary cache",
         false => "the cache",
     };
@@ -102,6 +102,8 @@ pub struct CacheStats {
 
 pub struct ObjectCache {
     dir: PathBuf,
+    /// Made for this process (no `--cache-dir`), removed at its end.
+    temporary: bool,
     max_bytes: u64,
     state: Mutex<State>,
     /// Signalled when a fetch ends.
@@ -168,7 +170,7 @@ impl ObjectCache {
             state.held += size;
             state.entries.insert(name, (size, state.clock));
         }
-        let free = free_bytes(&dir);
+        let free = crate::doctor::system::space(&dir).map_or(0, |s| s.free);
         let max_bytes = match (options.max_bytes, temporary) {
             (Some(m), _) => m,
             (None, true) => TEMPORARY_BYTES.min(free / 2),
@@ -176,6 +178,7 @@ impl ObjectCache {
         };
         Ok(ObjectCache {
             dir,
+            temporary,
             max_bytes,
             state: Mutex::new(state),
             fetched: Condvar::new(),
@@ -254,7 +257,8 @@ impl ObjectCache {
     /// lock. Returns the file, the seconds the fetch took and whether this process fetched it.
     fn fetch(&self, object: &Object, name: &str, path: &Path) -> Result<(File, f64, bool)> {
         let lock_path = self.dir.join(format!(".{name}.lock"));
-        let unwritable = |e: std::io::Error| unfetchable(format!("cannot write to the cache {}: {e}", self.dir.display()));
+        let dir = self.dir.display();
+        let unwritable = |e: std::io::Error| unfetchable(format!("cannot write to the cache {dir}: {e}"));
         let lock = File::create(&lock_path).map_err(unwritable)?;
         // SAFETY: flock on a descriptor this function owns; released when `lock` is closed.
         unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
@@ -268,7 +272,8 @@ impl ObjectCache {
         ));
         let start = Instant::now();
         let written = (|| -> Result<()> {
-            let failed = |e: &dyn std::fmt::Display| unfetchable(format!("cannot write {} to the cache: {e}", object.url));
+            let url = &object.url;
+            let failed = |e: &dyn std::fmt::Display| unfetchable(format!("cannot write {url} to the cache: {e}"));
             let mut out = BufWriter::with_capacity(1 << 20, File::create(&part).map_err(unwritable)?);
             object.fetch_into(&mut out)?;
             let file = out.into_inner().map_err(|e| failed(&e))?;
@@ -299,6 +304,7 @@ impl ObjectCache {
             let (size, _) = state.entries.remove(&name).expect("present");
             state.held -= size;
             let _ = std::fs::remove_file(self.dir.join(&name));
+            let _ = std::fs::remove_file(self.dir.join(format!(".{name}.lock")));
         }
     }
 
@@ -359,21 +365,4 @@ fn fetcher_alive(part: &str) -> bool {
     let pid = fields.nth(2).and_then(|p| p.parse::<i32>().ok());
     // SAFETY: signal 0 only asks whether the process exists.
     pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } == 0)
-}
-
-/// Free bytes of the file system holding `dir`.
-fn free_bytes(dir: &Path) -> u64 {
-    let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str())) else {
-        return 0;
-    };
-    let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: a NUL-terminated path and room for the result.
-    match unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) } {
-        // SAFETY: filled in by a successful statvfs.
-        0 => {
-            let s = unsafe { s.assume_init() };
-            s.f_bavail as u64 * s.f_frsize as u64
-        }
-        _ => 0,
-    }
 }

@@ -1,8 +1,6 @@
 //! What several kinds of source use, beneath them all: walking a folder tree as torchvision
 //! does, listing a flat folder, brace patterns, file sizes and times (the fingerprint packs and
-//! freshness checks compare), the class rule of labels that are numbers or names, and `Files`,
-//! the reader of loose image files (an ImageFolder's, a label file's, `predict`'s).
-use std::borrow::Cow;
+//! freshness checks compare), and the class rule of labels that are numbers or names.
 use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
@@ -12,7 +10,6 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::interface::{Source, SourceKind, Stored};
 use crate::bail_user;
 
 // Folder trees and flat folders.
@@ -322,36 +319,6 @@ fn stat_at(dir: &File, name: &std::ffi::OsStr) -> std::io::Result<libc::stat> {
         // SAFETY: filled in by a successful fstatat.
         0 => Ok(unsafe { st.assume_init() }),
         _ => Err(std::io::Error::last_os_error()),
-    }
-}
-
-// The reader of loose image files.
-
-/// Loose image files under `root`: a catalog's names are their paths under it.
-pub struct Files {
-    pub root: PathBuf,
-    pub kind: SourceKind,
-}
-
-impl Source for Files {
-    fn root(&self) -> &Path {
-        &self.root
-    }
-
-    fn describe(&self) -> SourceKind {
-        self.kind.clone()
-    }
-
-    fn read(&self, _entry: usize, name: &Path) -> Result<Stored<'_>> {
-        let path = self.root.join(name);
-        let bytes = std::fs::read(&path).with_context(|| format!("cannot open image {}", path.display()))?;
-        Ok(Stored::Encoded(Cow::Owned(bytes)))
-    }
-
-    /// A file's size and time now.
-    fn size_and_mtime(&self, _entry: usize, name: &Path) -> Result<(u64, i64)> {
-        let m = std::fs::metadata(self.root.join(name))?;
-        Ok((m.len(), mtime_ns(&m)))
     }
 }
 

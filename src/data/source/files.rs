@@ -4,9 +4,10 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use rayon::prelude::*;
 
+use super::common::{stat_file, SourceFile};
 use crate::data::remote::{cache, list, Object, ObjectCache};
 
 /// The files of a sharded source (tar shards, parquet files) or a pack: local paths, or remote
@@ -65,11 +66,23 @@ impl Files {
         }
     }
 
-    /// Each file's size in bytes (a local file's now).
-    pub fn sizes(&self) -> Vec<u64> {
+    /// Each file as a pack records its sources: a local file by its absolute path, with its size
+    /// and time now; an object by its URL, with its size and time as listed.
+    pub fn source_files(&self) -> Result<Vec<SourceFile>> {
         match &self.remote {
-            Some((objects, _)) => objects.iter().map(|o| o.size).collect(),
-            None => self.names.iter().map(|p| std::fs::metadata(p).map_or(0, |m| m.len())).collect(),
+            Some((objects, _)) => Ok(objects
+                .iter()
+                .map(|o| SourceFile {
+                    name: o.url.clone(),
+                    size: o.size,
+                    mtime_ns: o.modified_ns,
+                })
+                .collect()),
+            None => self
+                .names
+                .iter()
+                .map(|p| stat_file(&std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()))?))
+                .collect(),
         }
     }
 

@@ -10,7 +10,8 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 
 use super::catalog::Catalog;
-use super::common::{mtime_ns, stat_files, walk_sorted, Files, SourceDir, SourceFile, IMAGE_EXTENSIONS};
+use super::common::{mtime_ns, stat_files, walk_sorted, SourceDir, SourceFile, IMAGE_EXTENSIONS};
+use super::loose::LooseFiles;
 use super::interface::{Opened, SourceKind};
 use crate::bail_user;
 
@@ -104,7 +105,7 @@ impl ImageFolder {
         Opened {
             classes: self.classes,
             catalog: self.catalog,
-            source: Arc::new(Files { root: self.root, kind }),
+            source: Arc::new(LooseFiles { root: self.root, kind }),
         }
     }
 

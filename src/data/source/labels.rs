@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::common::{class_index, class_list, walk_sorted, Files};
+use super::common::{class_index, class_list, walk_sorted};
+use super::loose::LooseFiles;
 use super::interface::{Columns, Opened, SourceKind};
 use crate::bail_user;
 use crate::report::progress::warn;
@@ -137,7 +138,7 @@ pub fn open(dir: &Path, csv: &Path, columns: &Columns, strict: bool, flag: &str)
     Ok(Opened {
         classes,
         catalog,
-        source: Arc::new(Files { root, kind }),
+        source: Arc::new(LooseFiles { root, kind }),
     })
 }
 

@@ -1,7 +1,9 @@
 //! Where a data set's images come from. Each kind of source has its file, behind one interface
 //! (`interface.rs`): an ImageFolder (`folder.rs`), a folder with a label file (`labels.rs`), a
 //! pack (`pack.rs`), tar shards (`shards.rs`) and parquet files (`parquet.rs`); what several
-//! kinds use lies beneath them (`common.rs`, `catalog.rs`), and no kind uses another. This file
+//! kinds use lies beneath them (`common.rs`, `catalog.rs`, `loose.rs`, the reader of loose image
+//! files, and `files.rs`, the local or remote files of shards, parquet files and packs), and no
+//! kind uses another. This file
 //! alone decides which kind `--data` names, and gives the rest of ringtrain `Dataset` and
 //! `Samples`: a sample is a name (its path, for messages and reports), a label, and bytes to
 //! decode or pixels ready to use.
@@ -11,6 +13,7 @@ pub mod files;
 pub mod folder;
 pub mod interface;
 pub mod labels;
+pub mod loose;
 pub mod pack;
 pub mod parquet;
 pub mod shards;
@@ -44,7 +47,7 @@ pub struct Samples {
 /// Loose image files (`predict`'s inputs): (path, label).
 impl From<Vec<(PathBuf, usize)>> for Samples {
     fn from(items: Vec<(PathBuf, usize)>) -> Self {
-        let files = common::Files {
+        let files = loose::LooseFiles {
             root: PathBuf::new(),
             kind: SourceKind::Folder,
         };

@@ -401,10 +401,8 @@ impl Source for Parquet {
 
     /// The files of the row groups the reads will meet, fetched ahead when remote.
     fn will_read(&self, entries: &[usize]) {
-        if self.files.is_remote() {
-            let files = entries.iter().map(|&e| self.groups[self.rows[e].0 as usize].0 as usize);
-            self.files.will_read(&super::files::first_appearances(files));
-        }
+        let files = entries.iter().map(|&e| self.groups[self.rows[e].0 as usize].0 as usize);
+        self.files.will_read(&super::files::first_appearances(files));
     }
 }
 

@@ -265,10 +265,8 @@ impl Source for Shards {
 
     /// The shards the reads will meet, fetched ahead when remote.
     fn will_read(&self, entries: &[usize]) {
-        if self.files.is_remote() {
-            let shards = entries.iter().map(|&e| self.members[e].shard as usize);
-            self.files.will_read(&super::files::first_appearances(shards));
-        }
+        let shards = entries.iter().map(|&e| self.members[e].shard as usize);
+        self.files.will_read(&super::files::first_appearances(shards));
     }
 }
 

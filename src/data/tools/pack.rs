@@ -170,19 +170,8 @@ impl PackSource {
                         Ok(SourceFile { name: names(i), size, mtime_ns })
                     })
                     .collect::<Result<_>>()?;
-                // Local files by their absolute paths now; remote ones by URL, as listed.
-                let paths = match shard_files.is_remote() {
-                    false => shard_files.names.iter().map(|p| stat_file(&absolute(p)?)).collect::<Result<_>>()?,
-                    true => (shard_files.names.iter().zip(shard_files.sizes()).zip(shard_files.times("--data")?))
-                        .map(|((name, size), mtime_ns)| SourceFile {
-                            name: name.to_string_lossy().into_owned(),
-                            size,
-                            mtime_ns,
-                        })
-                        .collect(),
-                };
                 let root = shard_files.common_parent();
-                (absolute(&root).unwrap_or(root), files, PackedFrom::Shards(paths))
+                (absolute(&root).unwrap_or(root), files, PackedFrom::Shards(shard_files.source_files()?))
             }
         };
         Ok(PackSource {
