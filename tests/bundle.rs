@@ -89,9 +89,15 @@ fn the_bundle_finds_libtorch_through_its_launcher_only() {
     assert!(o.status.success() && text(&o).contains("found by the bundle's launcher: the torch of"), "{}", text(&o));
     // What it cannot find, it names, in one line, with exit code 2.
     let nowhere = d.path().join("nowhere");
+    // A Python without torch: the set-up's, blind to its site-packages.
+    let bare_python = d.path().join("bare-python");
+    std::fs::write(&bare_python, format!("#!/bin/sh\nexec '{}' -S \"$@\"\n", common::python())).unwrap();
+    let executable = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+    std::fs::set_permissions(&bare_python, executable).unwrap();
     for (envs, says) in [
         (vec![("RINGTRAIN_LIBTORCH", nowhere.to_str().unwrap())], "holds no libtorch_cpu.so"),
-        (vec![("RINGTRAIN_PYTHON", nowhere.to_str().unwrap())], "cannot find libtorch"),
+        (vec![("RINGTRAIN_PYTHON", nowhere.to_str().unwrap())], "cannot find libtorch: no "),
+        (vec![("RINGTRAIN_PYTHON", bare_python.to_str().unwrap())], "has no torch"),
     ] {
         let o = launch(&b.join("ringtrain"), &["--version"], d.path(), &envs);
         let err = String::from_utf8_lossy(&o.stderr);
