@@ -118,8 +118,8 @@ fn the_bundle_finds_libtorch_through_its_launcher_only() {
 }
 
 /// Checks the dry battery of the test suite runs: one of each kind of command and reader (the
-/// others build theirs with the same functions), about 4 of the whole sequence's 11 minutes on 2
-/// cores. The whole sequence runs dry before a GPU session: `bench/gpu.sh --dry-run`.
+/// others build theirs with the same functions): 2 min 45 s on 2 idle cores, a part of the whole
+/// sequence. The whole sequence runs dry before a GPU session: `bench/gpu.sh --dry-run`.
 const DRY_CHECKS: &[&str] = &[
     "environment",
     "doctor",
@@ -149,7 +149,7 @@ fn the_gpu_battery_runs_dry_on_the_cpu_from_a_bundle() {
     let d = tempfile::tempdir().unwrap();
     let b = bundled(d.path());
     let out = d.path().join("battery");
-    // The default budget (570 s) is a GPU call's; dry, these checks take about 4 minutes on 2
+    // The default budget (570 s) is a GPU call's; dry, these checks take about 3 minutes on 2
     // idle cores, and more on busy ones.
     let only = DRY_CHECKS.join(",");
     let o = launch(
